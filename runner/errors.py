@@ -1,0 +1,37 @@
+"""Exit codes (design.md) and the one error type that maps to each of them."""
+
+from __future__ import annotations
+
+OK = 0
+FAILED = 1
+BAD_INPUT = 2
+REFUSED = 3
+UNREACHABLE = 4
+ATTENTION = 5
+
+
+class RgtError(Exception):
+    """An error the user can act on: a message, an optional fix, and the exit code it maps to."""
+
+    exit_code = FAILED
+
+    def __init__(self, message: str, fix: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        self.field = field
+
+    def as_dict(self) -> dict:
+        return {"error": self.message, "fix": self.fix, "field": self.field, "exit_code": self.exit_code}
+
+
+class InputError(RgtError):
+    """Malformed inventory, profile, job spec or flag: nothing was touched."""
+
+    exit_code = BAD_INPUT
+
+
+class GateRefused(RgtError):
+    """A gate said no (host identity, teardown, disk floor, live-run mutation)."""
+
+    exit_code = REFUSED

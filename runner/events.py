@@ -1,0 +1,122 @@
+"""Turn ansible-runner events into live progress on stderr, a ledger line each, and a per-host outcome."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from rgt.ledger import append_jsonl
+
+HOST_KEY_PATTERNS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
+                     "No ED25519 host key is known", "host key for", "No matching host key")
+_SECRETISH = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key)=\S+")
+
+
+@dataclass
+class HostOutcome:
+    ok: int = 0
+    changed: int = 0
+    failed: bool = False
+    unreachable: bool = False
+    host_key_mismatch: bool = False
+    messages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    results: dict = field(default_factory=dict)  # task-registered payloads we keep (probe report, env report)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "changed": self.changed, "failed": self.failed, "unreachable": self.unreachable,
+                "host_key_mismatch": self.host_key_mismatch, "messages": self.messages,
+                "warnings": self.warnings}
+
+
+def _scrub(text: str) -> str:
+    return _SECRETISH.sub(lambda m: m.group(0).split("=", 1)[0] + "=***", text)
+
+
+def _msg(res: dict) -> str:
+    if res.get("censored"):
+        return "(output hidden: no_log)"
+    parts = [str(res.get("msg") or "").strip()]
+    if not parts[0]:
+        parts = [str(res.get("stderr") or res.get("module_stderr") or "").strip()]
+    return _scrub(" ".join(p for p in parts if p))[:2000]
+
+
+class EventSink:
+    """Callable handed to ansible-runner as event_handler. Cheap and non-blocking on purpose (#1343)."""
+
+    def __init__(self, console: Console, ledger_file: Path, quiet: bool = False):
+        self.console = console
+        self.ledger_file = ledger_file
+        self.quiet = quiet
+        self.hosts: dict[str, HostOutcome] = {}
+        self.stats: dict = {}
+        self._task_started = time.monotonic()
+
+    def host(self, name: str) -> HostOutcome:
+        return self.hosts.setdefault(name, HostOutcome())
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text, highlight=False)
+
+    def __call__(self, event: dict) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {}) or {}
+        host = data.get("host") or data.get("remote_addr")
+        task = data.get("task") or ""
+        res = data.get("res") or {}
+        record = {"t": event.get("created"), "event": kind, "host": host, "task": task}
+        if kind == "playbook_on_play_start":
+            self._say(f"[bold]▶ {data.get('play', '')}[/bold]")
+        elif kind == "playbook_on_task_start":
+            self._task_started = time.monotonic()
+        elif kind == "runner_on_ok":
+            out = self.host(host)
+            out.ok += 1
+            out.changed += int(bool(res.get("changed")))
+            for warning in res.get("warnings", []) or []:
+                out.warnings.append(_scrub(str(warning)))
+            keep = res.get("rgt_keep")
+            if isinstance(keep, dict):
+                out.results.update(keep)
+            if "ansible_facts" in res and isinstance(res["ansible_facts"], dict):
+                for key, value in res["ansible_facts"].items():
+                    if key.startswith("rgt_result_"):
+                        out.results[key[len("rgt_result_"):]] = value
+            mark = "[yellow]changed[/yellow]" if res.get("changed") else "[green]ok[/green]"
+            self._say(f"  {host:<16} {mark:<8} {task}")
+            record["changed"] = bool(res.get("changed"))
+        elif kind == "runner_on_failed":
+            out = self.host(host)
+            msg = _msg(res)
+            if data.get("ignore_errors"):
+                self._say(f"  {host:<16} [dim]failed (ignored)[/dim] {task}")
+            else:
+                out.failed = True
+                out.messages.append(f"{task}: {msg}")
+                self._say(f"  {host:<16} [red]FAILED[/red]  {task}: {msg}")
+            record["msg"] = msg
+        elif kind == "runner_on_unreachable":
+            out = self.host(host)
+            msg = _msg(res)
+            out.unreachable = True
+            if any(p.lower() in msg.lower() for p in HOST_KEY_PATTERNS):
+                out.host_key_mismatch = True
+            out.messages.append(msg)
+            self._say(f"  {host:<16} [magenta]UNREACHABLE[/magenta] {msg.splitlines()[0] if msg else ''}")
+            record["msg"] = msg
+        elif kind == "runner_on_skipped":
+            self.host(host)
+        elif kind == "playbook_on_stats":
+            self.stats = {k: data.get(k, {}) for k in ("ok", "changed", "failures", "dark", "skipped", "rescued")}
+        elif kind == "warning":
+            self._say(f"  [yellow]warning[/yellow] {_scrub(event.get('stdout', '').strip())}")
+        else:
+            return True
+        append_jsonl(self.ledger_file, record)
+        return True

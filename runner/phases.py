@@ -1,0 +1,113 @@
+"""Build the ansible-runner call for one playbook, run it in a fresh private data dir, and classify the result."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import ansible_runner
+from rich.console import Console
+
+from rgt import errors, paths
+from rgt.events import EventSink, HostOutcome
+from rgt.inventory import Host, ansible_env, known_hosts_file
+
+# Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
+SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
+                "-o HostKeyAlias={{{{ rgt_instance_id }}}}")
+
+
+@dataclass
+class PhaseResult:
+    playbook: str
+    ident: str
+    rc: int
+    status: str
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    started: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """Map what happened to design.md's exit codes; identity failures outrank transport failures."""
+        outcomes = self.hosts.values()
+        if any(o.host_key_mismatch for o in outcomes):
+            return errors.REFUSED
+        if any(o.failed for o in outcomes):
+            return errors.FAILED
+        if any(o.unreachable for o in outcomes):
+            return errors.UNREACHABLE
+        if self.rc != 0:
+            return errors.FAILED
+        return errors.OK
+
+    def as_dict(self) -> dict:
+        return {"playbook": self.playbook, "ident": self.ident, "status": self.status, "rc": self.rc,
+                "exit_code": self.exit_code, "hosts": {h: o.as_dict() for h, o in sorted(self.hosts.items())}}
+
+
+def new_ident(playbook: Path) -> str:
+    return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{playbook.stem}-{uuid.uuid4().hex[:6]}"
+
+
+def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: Path, console: Console,
+                 extravars: dict | None = None, limit: str | None = None, tags: str | None = None,
+                 skip_tags: str | None = None, check: bool = False, quiet: bool = False,
+                 verbosity: int = 0) -> PhaseResult:
+    """Run one playbook; never leaves secrets or artifacts behind in the private data dir."""
+    ident = new_ident(playbook)
+    started = time.time()
+    ledger_events = ledger / "events" / f"{ident}.jsonl"
+    sink = EventSink(console, ledger_events, quiet=quiet)
+    private = Path(tempfile.mkdtemp(prefix="rgt-run-"))
+    # ansible-runner installs its own SIGINT handler and does not restore it (#1075)
+    saved_sigint = signal.getsignal(signal.SIGINT)
+    env = ansible_env()
+    env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH")}
+    env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
+    evars = dict(extravars or {})
+    evars["rgt_ledger_dir"] = str(ledger)
+    cmdline = []
+    if tags:
+        cmdline += ["--tags", tags]
+    if skip_tags:
+        cmdline += ["--skip-tags", skip_tags]
+    if check:
+        cmdline += ["--check", "--diff"]
+    ssh_hosts = [h for h in hosts if not h.is_local]
+    if ssh_hosts:
+        # one known_hosts per inventory; a host with its own rgt_known_hosts gets it through its host var
+        kh = known_hosts_file(inventory, ssh_hosts[0])
+        evars.setdefault("ansible_ssh_extra_args", SSH_PIN_ARGS.format(
+            known_hosts="{{ rgt_known_hosts | default('%s') }}" % kh))
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(paths.REPO_ROOT),
+            playbook=str(playbook),
+            inventory=str(Path(inventory).resolve()),
+            limit=limit,
+            extravars=evars,
+            envvars=env_overrides,
+            cmdline=" ".join(cmdline) or None,
+            event_handler=sink,
+            quiet=True,
+            suppress_env_files=True,
+            rotate_artifacts=1,
+            verbosity=verbosity or None,
+            settings={"suppress_ansible_output": True},
+        )
+        result = PhaseResult(playbook=str(playbook.relative_to(paths.REPO_ROOT)
+                                          if playbook.is_relative_to(paths.REPO_ROOT) else playbook),
+                             ident=ident, rc=runner.rc, status=runner.status, hosts=sink.hosts,
+                             stats=sink.stats, started=started)
+    finally:
+        signal.signal(signal.SIGINT, saved_sigint)
+        shutil.rmtree(private, ignore_errors=True)
+    return result

@@ -1,0 +1,81 @@
+"""`rgt-run pin`: record each instance's SSH host key once, by instance id, and never replace it silently."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from rgt import errors
+from rgt.errors import GateRefused, InputError
+from rgt.inventory import known_hosts_file, load_hosts
+from rgt.ledger import atomic_write_bytes
+
+
+def fingerprint(key_line: str) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".pub") as fh:
+        fh.write(key_line + "\n")
+        fh.flush()
+        out = subprocess.run(["ssh-keygen", "-lf", fh.name], capture_output=True, text=True, check=True)
+    return out.stdout.split()[1]
+
+
+def scan(host: str, port: int, timeout: int = 10) -> str | None:
+    proc = subprocess.run(["ssh-keyscan", "-T", str(timeout), "-t", "ed25519", "-p", str(port), host],
+                          capture_output=True, text=True, timeout=timeout + 5)
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            return f"{parts[1]} {parts[2]}"
+    return None
+
+
+def cmd_pin(argv: list[str], console: Console) -> int:
+    p = argparse.ArgumentParser(prog="rgt-run pin", description=__doc__)
+    p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("-l", "--limit")
+    p.add_argument("--replace", metavar="INSTANCE_ID",
+                   help="replace the pinned key of exactly this instance (after checking it in the console)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--ledger")
+    args = p.parse_args(argv)
+    hosts = [h for h in load_hosts(args.inventory, args.limit) if not h.is_local]
+    results = []
+    for host in hosts:
+        kh = known_hosts_file(args.inventory, host)
+        lines = kh.read_text().splitlines() if kh.exists() else []
+        pinned = [ln for ln in lines if ln.split(" ", 1)[0] == host.instance_id]
+        addr = str(host.vars.get("ansible_host", host.name))
+        port = int(host.vars.get("ansible_port", 22))
+        key = scan(addr, port)
+        if key is None:
+            raise errors.RgtError(f"host '{host.name}' ({addr}:{port}) did not offer an ed25519 key",
+                                  fix="check that sshd runs and the port is right")
+        new_line = f"{host.instance_id} {key}"
+        fp = fingerprint(key)
+        if pinned and pinned[0].split(" ", 1)[1] == key:
+            results.append({"host": host.name, "instance_id": host.instance_id, "fingerprint": fp,
+                            "action": "unchanged"})
+            console.print(f"{host.name}: already pinned ({fp})")
+            continue
+        if pinned and args.replace != host.instance_id:
+            raise GateRefused(f"host '{host.name}': instance '{host.instance_id}' offers key {fp}, which differs "
+                              "from the pinned key; nothing was changed",
+                              fix=f"verify {fp} in the platform console, then pass --replace {host.instance_id}",
+                              field="rgt_instance_id")
+        kept = [ln for ln in lines if ln.split(" ", 1)[0] != host.instance_id]
+        atomic_write_bytes(kh, ("\n".join(kept + [new_line]) + "\n").encode(), mode=0o644)
+        action = "replaced" if pinned else "pinned"
+        results.append({"host": host.name, "instance_id": host.instance_id, "fingerprint": fp, "action": action})
+        console.print(f"{host.name}: {action} {fp} for instance {host.instance_id} in {kh} — compare it with the "
+                      "fingerprint the platform console shows")
+    if not hosts:
+        raise InputError("no SSH hosts to pin in this inventory", fix="local hosts need no pin", field="-i")
+    if args.json:
+        sys.stdout.write(json.dumps({"command": "pin", "hosts": results, "exit_code": 0}) + "\n")
+    return errors.OK

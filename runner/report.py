@@ -1,0 +1,91 @@
+"""What the user reads after a phase: per-host outcome, findings by severity, the next command to run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+
+from rgt import errors
+from rgt.inventory import Host
+from rgt.ledger import atomic_write_json, read_json
+from rgt.phases import PhaseResult
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}
+
+NEXT_STEP = {
+    "probe": "rgt-run playbooks/env_check.yml -i {inv}",
+    "env_check": "rgt-run playbooks/train.yml -i {inv}",
+    "train": "rgt-run status -i {inv}   (monitor arrives with the run spine)",
+}
+
+
+def first_contact(console: Console, ledger: Path, hosts: list[Host]) -> None:
+    """Principle #10: teach the platform's danger clocks the first time we meet an instance."""
+    for host in hosts:
+        record = ledger / "hosts" / f"{host.instance_id}.json"
+        if record.exists():
+            continue
+        prof = host.profile
+        console.print(f"[bold]First contact with {host.name}[/bold] ({prof.get('title', prof['name'])}, "
+                      f"facts verified {prof.get('verified', 'never')}):")
+        for line in prof.get("danger_clocks", []):
+            console.print(f"  [red]⏰[/red] {line}")
+        for line in prof.get("conveniences", []):
+            console.print(f"  [green]•[/green] {line}")
+        atomic_write_json(record, {"instance_id": host.instance_id, "host": host.name, "profile": prof["name"],
+                                   "first_contact": datetime.now(UTC).isoformat(),
+                                   "danger_clocks_shown": prof.get("danger_clocks", [])})
+
+
+def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[dict]]:
+    path = ledger / "probe" / f"{host}.json"
+    rep = read_json(path)
+    if not rep or path.stat().st_mtime < since:  # a report from an earlier run is not this run's finding
+        return None, []
+    return rep, sorted(rep.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
+
+
+def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path) -> dict:
+    code = result.exit_code
+    doc: dict = {"command": "playbook", **result.as_dict(), "ledger": str(ledger)}
+    per_host = doc["hosts"]
+    console.print()
+    for host in hosts:
+        out = result.hosts.get(host.name)
+        entry = per_host.setdefault(host.name, {})
+        if out is None:
+            state = "[dim]not run[/dim]"
+        elif out.host_key_mismatch:
+            state = "[red]REFUSED[/red] host key does not match the pinned key"
+        elif out.unreachable:
+            state = "[magenta]UNREACHABLE[/magenta] (says nothing about any job on it)"
+        elif out.failed:
+            state = "[red]FAILED[/red]"
+        else:
+            state = "[green]ok[/green]"
+        console.print(f"[bold]{host.name}[/bold] ({host.vars['rgt_profile']}, {host.instance_id}): {state}")
+        if out and out.host_key_mismatch:
+            console.print(f"  the key offered for instance '{host.instance_id}' is not the one pinned; nothing was "
+                          "accepted. If the instance was re-created, verify the new fingerprint in the console, "
+                          f"then `rgt-run pin -i <inv> --limit {host.name} --replace {host.instance_id}`.")
+        for msg in (out.messages if out else [])[:3]:
+            console.print(f"  {msg.splitlines()[0] if msg else ''}")
+        rep, findings = _findings(ledger, host.name, result.started)
+        if rep is not None:
+            entry["probe"] = {"verdict": rep.get("verdict"), "findings": findings}
+            for f in findings:
+                sev = f.get("severity", "info")
+                console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {f.get('message')}")
+    doc["exit_code"] = code
+    stem = Path(result.playbook).stem
+    if code == errors.OK and stem in NEXT_STEP:
+        doc["next"] = NEXT_STEP[stem].format(inv="<inventory>")
+        console.print(f"\nnext: {doc['next']}")
+    elif code == errors.UNREACHABLE:
+        console.print("\nnext: check the box in the platform console (ports change on restart); run the same "
+                      "command again when it answers")
+    console.print(f"exit {code} · ledger {ledger}")
+    return doc
