@@ -7,9 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-
 from rgt.ledger import append_jsonl
+from rich.console import Console
 
 HOST_KEY_PATTERNS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
                      "No ED25519 host key is known", "host key for", "No matching host key")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jsonschema
 from referencing import Registry, Resource
-
 from rgt import paths
 from rgt.errors import InputError
-from rgt.profiles import ProfileError, list_profiles, load_profile
+from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
@@ -33,14 +33,16 @@ class Host:
         return self.vars.get("ansible_connection") == "local"
 
 
-def _validator(name: str) -> jsonschema.Draft202012Validator:
+def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
+    """A validator for a schema file name (or an inline schema) that may $ref the other schemas in SCHEMA_DIR."""
     resources = []
     for schema_file in SCHEMA_DIR.glob("*.schema.json"):
-        schema = json.loads(schema_file.read_text())
-        resources.append((schema_file.name, Resource.from_contents(schema)))
-        resources.append((schema["$id"], Resource.from_contents(schema)))
+        doc = json.loads(schema_file.read_text())
+        resources.append((schema_file.name, Resource.from_contents(doc)))
+        resources.append((doc["$id"], Resource.from_contents(doc)))
     registry = Registry().with_resources(resources)
-    schema = json.loads((SCHEMA_DIR / name).read_text())
+    if isinstance(schema, str):
+        schema = json.loads((SCHEMA_DIR / schema).read_text())
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
@@ -57,13 +59,9 @@ def explain(error: jsonschema.ValidationError, where: str) -> InputError:
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         fld = f"{fld}.{missing}" if fld else missing
-        return InputError(f"{where}: missing required field '{fld}'",
-                          fix=f"set {fld} ({error.schema.get('properties', {}).get(missing, {}).get('description', '')})".strip(),
+        desc = error.schema.get("properties", {}).get(missing, {}).get("description", "")
+        return InputError(f"{where}: missing required field '{fld}'", fix=f"set {fld}: {desc}".rstrip(": "),
                           field=fld)
-    if error.validator == "not" and fld.startswith("rgt_"):
-        return InputError(f"{where}: unknown variable '{fld}'",
-                          fix="remove it or correct the spelling; known: rgt_profile, rgt_instance_id, rgt_project, "
-                              "rgt_durable_root, rgt_scratch_root, rgt_known_hosts, rgt_job", field=fld)
     if error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         bad = f"{fld}.{extra[0]}" if fld and extra else (extra[0] if extra else fld)
@@ -77,15 +75,20 @@ def explain(error: jsonschema.ValidationError, where: str) -> InputError:
 
 
 def validate_job(job: dict, where: str = "job spec") -> None:
-    errors = sorted(_validator("job.schema.json").iter_errors(job), key=lambda e: list(e.absolute_path))
+    """Validate a job spec given as extra vars; field paths read `rgt_job.<field>` like in an inventory."""
+    wrapper = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+               "properties": {"rgt_job": {"$ref": "job.schema.json"}}}
+    errors = sorted(_validator(wrapper).iter_errors({"rgt_job": job}), key=lambda e: list(e.absolute_path))
     if errors:
-        err = explain(errors[0], where)
-        err.field = f"rgt_job.{err.field}" if err.field else "rgt_job"
-        raise err
+        raise explain(errors[0], where)
 
 
 def ansible_env() -> dict:
     env = dict(os.environ)
+    # the ansible-* executables live beside this interpreter (a venv is not always activated)
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_CONFIG"] = str(paths.ANSIBLE_CFG)
     env["ANSIBLE_COLLECTIONS_PATH"] = str(paths.ensure_collection_link())
     return env
@@ -120,16 +123,17 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
     validator = _validator("inventory_host.schema.json")
     extravars = extravars or {}
     hosts = []
-    names = [p["name"] for p in list_profiles()]
+    names = profile_names()
     for name, hv in sorted(merged.items()):
         # extra vars win over inventory, as in Ansible; template strings are not evaluated here
         hv = {**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}}
         rgt_vars = {k: v for k, v in hv.items() if k.startswith("rgt_")}
-        errors = sorted(validator.iter_errors(rgt_vars), key=lambda e: (e.validator != "required", list(e.absolute_path)))
+        errors = sorted(validator.iter_errors(rgt_vars),
+                        key=lambda e: (e.validator != "required", list(e.absolute_path)))
         if errors:
             raise explain(errors[0], f"host '{name}'")
         if rgt_vars["rgt_profile"] not in names:
-            raise InputError(f"host '{name}': unknown profile '{rgt_vars['rgt_profile']}'",
+            raise InputError(f"host '{name}': rgt_profile: unknown profile '{rgt_vars['rgt_profile']}'",
                              fix="use one of: " + ", ".join(names), field="rgt_profile")
         try:
             profile = load_profile(rgt_vars["rgt_profile"])
@@ -158,7 +162,7 @@ def check_pins(inventory: str, hosts: list[Host]) -> None:
             line.split(" ", 1)[0] == host.instance_id for line in kh.read_text().splitlines() if line.strip())
         if not pinned:
             raise InputError(
-                f"host '{host.name}': no pinned host key for instance '{host.instance_id}' in {kh}",
+                f"host '{host.name}': no pinned host key for rgt_instance_id '{host.instance_id}' in {kh}",
                 fix=f"run `rgt-run pin -i {inventory} --limit {host.name}` and compare the fingerprint with the "
                     "platform console, or add the line `<instance_id> <keytype> <key>` yourself",
                 field="rgt_instance_id")

@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
-
 from rgt import errors, paths
 from rgt.ledger import ledger_dir
+from rich.console import Console
 
 # (phase, playbook) in lifecycle order; playbooks that do not exist yet are reported, not faked.
 PHASES = [

@@ -12,11 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import ansible_runner
-from rich.console import Console
-
 from rgt import errors, paths
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
+from rich.console import Console
 
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
@@ -69,7 +68,7 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     # ansible-runner installs its own SIGINT handler and does not restore it (#1075)
     saved_sigint = signal.getsignal(signal.SIGINT)
     env = ansible_env()
-    env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH")}
+    env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
     evars = dict(extravars or {})
     evars["rgt_ledger_dir"] = str(ledger)

@@ -12,3 +12,5 @@ if not link.exists():
     link.symlink_to("../../..")
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
+if str(REPO) not in sys.path:  # `tests.harness` is imported by fixtures and molecule playbooks alike
+    sys.path.insert(0, str(REPO))

@@ -1,0 +1,411 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Decide what a probe report means for the user: findings and a verdict.
+
+Pure logic over the report the rgt_probe module collects (schema_version 1),
+the job's GPU request and the validated profile. Kept apart from collection
+so every rule is unit-tested on plain dicts.
+
+Severity policy (one place, so the role and the docs can cite it):
+- critical (probe FAILS, "re-rent this box"): broken NVIDIA driver; no GPU or
+  fewer GPUs than requested; VRAM below the request; Xid 48/74/79/92/95/119 or
+  a "fallen off the bus" line; durable root missing or not writable.
+- warning: bytes or inodes >= 90% (>= 95% is still a warning, with
+  data.level "high" and a stronger message: nothing has run yet, the user can
+  prune or expand); thermal or hardware slowdown active; other Xids that point
+  at the GPU; kernel log unreadable; GPU name not matching the request; VRAM
+  size unknown; durable root on a mount that does not survive the profile's
+  meter-stop verb; export/.partial and export on different filesystems (a
+  warning, not critical: no run exists yet, and collect refuses a cross-
+  filesystem rename later); tmux or rsync missing; no Python found or the
+  job's interpreter missing; other processes already holding GPU memory.
+- info: Xids that are usually the application's (13, 31, 43, 45); cgroup
+  CPU quota below the visible cores (OMP_NUM_THREADS advice); cgroup memory
+  limit different from MemTotal; OOM kills already counted in the cgroup;
+  CUDA version not visible.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import os
+
+__metaclass__ = type
+
+SEVERITIES = ("critical", "warning", "info")
+DISK_WARN_PCT = 90
+DISK_HIGH_PCT = 95
+GIB = 1024 ** 3
+
+_TERMINATE_WORDS = ("terminate", "destroy", "release", "delete", "remove", "return",
+                    "scancel", "cancel")
+
+
+def finding(fid, severity, message, data=None):
+    """One finding; ids are stable so tests and the runner can key on them."""
+    return {"id": fid, "severity": severity, "message": message, "data": data or {}}
+
+
+def _gib(value):
+    return "%.1f GiB" % (value / float(GIB)) if value is not None else "unknown"
+
+
+def requested_gpu_count(gpu_request):
+    """GPUs the job asked for: count if given, 1 for a non-empty request, else 0."""
+    if not gpu_request:
+        return 0
+    count = gpu_request.get("count")
+    if count is None:
+        return 1
+    return int(count)
+
+
+# ---------------------------------------------------------------- GPU
+
+def _gpu_presence(gpu, wanted):
+    failure = gpu.get("failure") or {}
+    kind = failure.get("kind")
+    if kind in ("driver_unreachable", "driver_mismatch"):
+        severity = "critical" if wanted else "warning"
+        return [finding("gpu_driver_broken", severity,
+                        "%s; the GPUs on this box cannot be used. Re-rent this box."
+                        % failure.get("message", "the NVIDIA driver is broken"),
+                        {"failure": failure})]
+    count = len(gpu.get("gpus") or [])
+    if wanted and count == 0:
+        why = failure.get("message") or "nvidia-smi lists no GPUs"
+        return [finding("gpu_none", "critical",
+                        "The job asks for %d GPU(s) but this box has none (%s). "
+                        "A container started without GPUs, or a restart lost them: re-rent "
+                        "this box." % (wanted, why), {"failure": failure})]
+    if wanted and count < wanted:
+        return [finding("gpu_count", "critical",
+                        "The job asks for %d GPUs but this box has %d. Re-rent a box with "
+                        "enough GPUs." % (wanted, count), {"wanted": wanted, "found": count})]
+    return []
+
+
+def _gpu_fit(gpus, wanted, gpu_request):
+    findings = []
+    min_mib = (gpu_request or {}).get("min_memory_mib")
+    if min_mib and gpus:
+        unknown = [g for g in gpus if g.get("memory_total_mib") is None]
+        big = [g for g in gpus if (g.get("memory_total_mib") or 0) >= min_mib]
+        if unknown and not big:
+            findings.append(finding(
+                "gpu_memory_unknown", "warning",
+                "nvidia-smi does not report GPU memory here (unified memory such as GB10), "
+                "so the %d MiB request cannot be checked." % min_mib,
+                {"min_memory_mib": min_mib}))
+        elif len(big) < max(wanted, 1):
+            sizes = sorted(set(g.get("memory_total_mib") for g in gpus))
+            findings.append(finding(
+                "gpu_memory", "critical",
+                "The job needs %d GPU(s) with at least %d MiB; this box has %d (GPU memory: "
+                "%s MiB). Re-rent a box with larger GPUs." % (
+                    max(wanted, 1), min_mib, len(big), ", ".join(str(s) for s in sizes)),
+                {"min_memory_mib": min_mib, "matching": len(big), "sizes_mib": sizes}))
+    name = (gpu_request or {}).get("name")
+    if name and gpus:
+        matching = [g for g in gpus if name.lower() in (g.get("name") or "").lower()]
+        if len(matching) < max(wanted, 1):
+            names = sorted(set(g.get("name") or "?" for g in gpus))
+            findings.append(finding(
+                "gpu_name", "warning",
+                "The job asks for '%s' GPUs; this box has %s." % (name, ", ".join(names)),
+                {"requested": name, "found": names}))
+    return findings
+
+
+def _gpu_throttle(gpus):
+    findings = []
+    for gpu in gpus:
+        reasons = gpu.get("active_reasons") or []
+        thermal = [r for r in reasons if r in ("hw_thermal_slowdown", "sw_thermal_slowdown")]
+        hardware = [r for r in reasons if r in ("hw_slowdown", "hw_power_brake_slowdown")]
+        if thermal or hardware:
+            findings.append(finding(
+                "gpu_throttle", "warning",
+                "GPU %s is slowing its clocks now (%s): the same code can run 25-40%% slower. "
+                "Consider re-renting if it persists." % (gpu.get("index"), ", ".join(
+                    thermal + hardware)),
+                {"gpu": gpu.get("index"), "reasons": thermal + hardware,
+                 "temperature_c": gpu.get("temperature_c")}))
+    return findings
+
+
+def _gpu_busy(gpu):
+    apps = gpu.get("compute_apps") or []
+    if not apps:
+        return []
+    used = sum(a.get("used_gpu_memory") or 0 for a in apps)
+    return [finding("gpu_busy", "warning",
+                    "%d process(es) already hold %d MiB of GPU memory before the job starts "
+                    "(another tenant, or leftovers from an earlier run)." % (len(apps), used),
+                    {"processes": apps})]
+
+
+def _kernel_log(log):
+    if not log.get("readable"):
+        return [finding("kernel_log_unreadable", "warning",
+                        "The kernel log (dmesg/journalctl) cannot be read here, so the GPU "
+                        "health verdict is non-authoritative: Xid errors would not be seen.",
+                        {"error": log.get("error")})]
+    findings = []
+    fallen = log.get("fallen_off_bus") or []
+    if fallen:
+        findings.append(finding(
+            "gpu_fallen_off_bus", "critical",
+            "The kernel log says a GPU has fallen off the bus (%s). Re-rent this box." %
+            ", ".join(sorted(set(f.get("pci") or "?" for f in fallen))),
+            {"lines": [f.get("line") for f in fallen[:5]]}))
+    by_code = {}
+    for xid in log.get("xids") or []:
+        by_code.setdefault(xid["code"], []).append(xid)
+    for code in sorted(by_code):
+        events = by_code[code]
+        first = events[0]
+        severity = first.get("severity", "warning")
+        advice = first.get("advice", "")
+        findings.append(finding(
+            "gpu_xid_%d" % code, severity,
+            "Xid %d (%s) seen %d time(s) on %s: %s." % (
+                code, first.get("meaning", "?"), len(events),
+                ", ".join(sorted(set(e.get("pci") or "?" for e in events))), advice),
+            {"code": code, "count": len(events), "re_rent": first.get("re_rent", False),
+             "lines": [e.get("line") for e in events[:3]]}))
+    return findings
+
+
+def gpu_findings(report, gpu_request):
+    """Findings about GPUs: presence, fit to the request, throttling, Xids."""
+    gpu = report.get("gpu") or {}
+    wanted = requested_gpu_count(gpu_request)
+    findings = _gpu_presence(gpu, wanted)
+    gpus = gpu.get("gpus") or []
+    findings += _gpu_fit(gpus, wanted, gpu_request)
+    findings += _gpu_throttle(gpus)
+    findings += _gpu_busy(gpu)
+    if gpus and not gpu.get("cuda_version"):
+        findings.append(finding(
+            "cuda_version_unknown", "info",
+            "nvidia-smi shows no CUDA version (no CUDA user-mode library in this container); "
+            "the job's CUDA runtime must bring its own.", {}))
+    if wanted or gpus:
+        findings += _kernel_log(report.get("kernel_log") or {})
+    return findings
+
+
+# ---------------------------------------------------------------- storage
+
+def _disk_one(mount):
+    findings = []
+    path = mount.get("path") or mount.get("mountpoint")
+    bytes_pct = mount.get("bytes_pct")
+    inodes_pct = mount.get("inodes_pct")
+    for kind, pct in (("inodes", inodes_pct), ("bytes", bytes_pct)):
+        if pct is None or pct < DISK_WARN_PCT:
+            continue
+        level = "high" if pct >= DISK_HIGH_PCT else "elevated"
+        what = "inodes" if kind == "inodes" else "space"
+        message = "%s has %d%% of its %s left (%d%% used)" % (path, 100 - pct, what, pct)
+        if kind == "inodes" and (bytes_pct is None or bytes_pct < DISK_WARN_PCT):
+            message += " — inodes, not bytes, will run out first"
+        if level == "high":
+            message += "; at 95%% the monitor escalates: prune or expand before launching"
+        findings.append(finding("disk_%s_full" % kind, "warning", message + ".",
+                                {"path": path, "mountpoint": mount.get("mountpoint"),
+                                 "pct": pct, "level": level}))
+    return findings
+
+
+def storage_findings(report):
+    """bytes% / inodes% per mount (the source's DISK_PCT_MAX is 95)."""
+    findings = []
+    for mount in (report.get("storage") or {}).get("mounts") or []:
+        findings += _disk_one(mount)
+    return findings
+
+
+def _needed_survival(verb):
+    if not verb or str(verb).lower() in ("none", "null"):
+        return None
+    lowered = str(verb).lower()
+    if any(word in lowered for word in _TERMINATE_WORDS):
+        return "terminate"
+    return "stop"
+
+
+def _expand(path, home):
+    if path and path.startswith("~") and home:
+        return home + path[1:]
+    return path
+
+
+def _profile_mount_for(path, mounts, home):
+    best = None
+    best_len = -1
+    for mount in mounts or []:
+        point = (_expand(mount.get("path"), home) or "").rstrip("/") or "/"
+        if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
+            if len(point) > best_len:
+                best, best_len = mount, len(point)
+    return best
+
+
+def layout_findings(report, profile):
+    """Durable root present/writable, survival of the meter-stop verb, export rename."""
+    layout = report.get("layout") or {}
+    root = layout.get("durable_root")
+    findings = []
+    if root and not layout.get("durable_root_exists"):
+        home = (report.get("host") or {}).get("home")
+        mount = _profile_mount_for(root, (profile or {}).get("mounts"), home)
+        point = (_expand(mount.get("path"), home) or "/") if mount else "/"
+        missing = (report.get("storage") or {}).get("missing_paths") or []
+        if point != "/" and point in missing:
+            return [finding("durable_mount_missing", "critical",
+                            "The durable root %s should be on %s, which is not mounted on this box "
+                            "(it must be attached when the instance is created). Re-rent this box "
+                            "with it, or set rgt_durable_root." % (root, point),
+                            {"durable_root": root, "mount": point})]
+        if layout.get("durable_root_writable") is False:
+            return [finding("durable_root_not_writable", "critical",
+                            "The durable root %s does not exist and %s cannot be written (%s). "
+                            "Fix rgt_durable_root." % (root, layout.get("anchor"),
+                                                      layout.get("write_error") or "denied"),
+                            {"durable_root": root, "anchor": layout.get("anchor")})]
+        findings.append(finding("durable_root_absent", "info",
+                                "The durable root %s does not exist yet; upload creates it." % root,
+                                {"durable_root": root, "anchor": layout.get("anchor")}))
+        return findings + _survival(root, profile, home)
+    if root and layout.get("durable_root_writable") is False:
+        return [finding("durable_root_not_writable", "critical",
+                        "The durable root %s cannot be written (%s). Re-rent this box or fix "
+                        "the profile's roots." % (root, layout.get("write_error") or "denied"),
+                        {"durable_root": root, "error": layout.get("write_error")})]
+    findings += _survival(root, profile, (report.get("host") or {}).get("home"))
+    if layout.get("same_filesystem") is False:
+        findings.append(finding(
+            "export_cross_filesystem", "warning",
+            "%s and %s are on different filesystems, so closing a run cannot be an atomic "
+            "rename; collect will refuse until they share one." % (
+                layout.get("partial_dir"), layout.get("export_dir")),
+            {"compared": layout.get("compared")}))
+    return findings
+
+
+def _survival(root, profile, home):
+    profile = profile or {}
+    verb = (profile.get("meter_stop") or {}).get("verb")
+    needed = _needed_survival(verb)
+    mounts = profile.get("mounts") or []
+    if not root or not needed or not mounts:
+        return []
+    mount = _profile_mount_for(root, mounts, home)
+    if mount and needed in (mount.get("survives") or []):
+        return []
+    survivors = [m.get("path") for m in mounts if needed in (m.get("survives") or [])]
+    where = ("on %s" % mount.get("path")) if mount else "on no mount the profile declares"
+    kind = "" if str(verb).lower() == needed else " (a %s)" % needed
+    message = "The durable root %s is %s, which does not survive '%s'%s." % (root, where, verb, kind)
+    if survivors:
+        message += " %s would survive it." % " or ".join(survivors)
+    else:
+        message += " No mount of this profile survives it: pull results before the meter stops."
+    return [finding("durable_root_not_surviving", "warning", message,
+                    {"durable_root": root, "verb": verb, "needs": needed,
+                     "mount": mount.get("path") if mount else None, "survivors": survivors})]
+
+
+# ---------------------------------------------------------------- host
+
+def host_findings(report):
+    """cgroup CPU/memory versus what host tools show, OOM baseline, tools, interpreter."""
+    findings = []
+    cpu = report.get("cpu") or {}
+    cpus = cpu.get("effective_cpus")
+    visible = cpu.get("nproc")
+    if cpus and visible and cpus < visible:
+        threads = max(int(cpus), 1)
+        findings.append(finding(
+            "cpu_quota_below_nproc", "info",
+            "The container may use %.2g CPUs but sees %d cores: set OMP_NUM_THREADS=%d "
+            "(rgt does this for the job) or thread pools will oversubscribe." % (
+                cpus, visible, threads),
+            {"effective_cpus": cpus, "nproc": visible, "omp_num_threads": threads}))
+    memory = ((report.get("cgroup") or {}).get("memory")) or {}
+    limit = memory.get("limit_bytes")
+    total = (report.get("memory") or {}).get("mem_total_bytes")
+    if limit and total and limit != total:
+        findings.append(finding(
+            "cgroup_memory_limit", "info",
+            "free shows the host's %s; your container has %s (cgroup limit): size "
+            "num_workers by the limit." % (_gib(total), _gib(limit)),
+            {"limit_bytes": limit, "mem_total_bytes": total}))
+    if memory.get("oom_kill"):
+        findings.append(finding(
+            "cgroup_oom_baseline", "info",
+            "This cgroup has already counted %d OOM kill(s); the monitor compares against "
+            "this baseline." % memory["oom_kill"], {"oom_kill": memory["oom_kill"]}))
+    findings += _tool_findings(report)
+    return findings
+
+
+def _tool_findings(report):
+    findings = []
+    tools = report.get("tools") or {}
+    if not tools.get("tmux"):
+        findings.append(finding("tool_tmux_missing", "warning",
+                                "tmux is not installed: the job will be detached with nohup "
+                                "(no session to attach to).", {}))
+    if not tools.get("rsync"):
+        findings.append(finding("tool_rsync_missing", "warning",
+                                "rsync is not installed: transfers cannot resume after a "
+                                "dropped connection.", {}))
+    interp = report.get("interpreter") or {}
+    if interp.get("path"):
+        if not interp.get("exists"):
+            findings.append(finding("interpreter_missing", "warning",
+                                    "The job's interpreter %s does not exist on this box."
+                                    % interp["path"], {"path": interp["path"]}))
+    elif not tools.get("python3") and not tools.get("python"):
+        findings.append(finding("python_missing", "warning",
+                                "Neither python3 nor python is on PATH: give the job an "
+                                "explicit interpreter (rgt_job.python).", {}))
+    return findings
+
+
+# ---------------------------------------------------------------- verdict
+
+def verdict_of(findings):
+    """fail if any critical, warn if any warning, else ok."""
+    severities = set(f["severity"] for f in findings)
+    if "critical" in severities:
+        return "fail"
+    if "warning" in severities:
+        return "warn"
+    return "ok"
+
+
+def evaluate(report, gpu_request=None, profile=None):
+    """All findings for a probe report, with verdict (ok|warn|fail) and exit_hint (0|1)."""
+    findings = []
+    findings += gpu_findings(report, gpu_request)
+    findings += storage_findings(report)
+    findings += layout_findings(report, profile)
+    findings += host_findings(report)
+    order = dict((s, i) for i, s in enumerate(SEVERITIES))
+    findings.sort(key=lambda f: order.get(f["severity"], len(SEVERITIES)))
+    verdict = verdict_of(findings)
+    return {"findings": findings, "verdict": verdict,
+            "exit_hint": 1 if verdict == "fail" else 0}
+
+
+def expand_home(path, home=None):
+    """Expand a leading "~" against the login user's home (profiles use "~")."""
+    if not path:
+        return path
+    if path.startswith("~"):
+        return (home or os.path.expanduser("~")) + path[1:]
+    return path

@@ -1,0 +1,190 @@
+"""Platform profiles for the runner: load, list, and show them (`rgt-run profiles [show <name>]`).
+
+The loader and validator live in `plugins/module_utils/rgt_profiles.py`, shared with the Ansible lookup
+`rgt.remote_gpu.profile`, so the runner and the roles accept exactly the same files. The runner loads that
+file by path: `rgt` is installed in editable mode from the repo, so the collection sits next to this
+package (`<repo>/runner/profiles.py` -> `<repo>/plugins/module_utils/rgt_profiles.py`) and no
+`ansible_collections` import path is needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from datetime import date
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+_CORE_PATH = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "rgt_profiles.py"
+_CORE_NAME = "rgt._profiles_core"
+
+
+def _load_core():
+    if _CORE_NAME in sys.modules:
+        return sys.modules[_CORE_NAME]
+    spec = importlib.util.spec_from_file_location(_CORE_NAME, _CORE_PATH)
+    if spec is None or spec.loader is None:  # pragma: no cover - broken checkout
+        raise ImportError(f"cannot load the profile validator from {_CORE_PATH}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_CORE_NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_core = _load_core()
+
+ProfileError = _core.ProfileError
+PROFILES_DIR: Path = _core.PROFILES_DIR
+SCHEMA_PATH: Path = _core.SCHEMA_PATH
+expand_path = _core.expand_path
+render_env = _core.render_env
+clear_cache = _core.clear_cache
+
+STALE_AFTER_MONTHS = 6
+
+
+def load_profile(name: str, profiles_dir: str | Path | None = None) -> dict:
+    """Return the validated profile `name`; raise ProfileError(field, message, fix) naming the JSON path."""
+    return _core.load_profile(name, profiles_dir=profiles_dir)
+
+
+def validate_profile_data(data: object, source: str = "<profile>", expected_name: str | None = None) -> list:
+    """Return every problem in `data` as a list of ProfileError (empty when valid)."""
+    return _core.validate_profile_data(data, source, expected_name=expected_name)
+
+
+def profile_names() -> list[str]:
+    """Names of every profile on the search path, without loading (a broken one must not hide the others)."""
+    return _core.available_names()
+
+
+def list_profiles(profiles_dir: str | Path | None = None) -> list[dict]:
+    """All valid profiles, sorted by name; the first broken one raises ProfileError."""
+    return [load_profile(n, profiles_dir) for n in _core.available_names(profiles_dir)]
+
+
+def profile_as_json(profile: dict) -> dict:
+    """A JSON-ready copy of the profile (for --json), with the survival matrix spelled out."""
+    doc = dict(profile)
+    doc["survival"] = [
+        {"path": p, "role": r, "survives_stop": s, "survives_terminate": t, "inode_cap": i}
+        for p, r, s, t, i in _core.survival(profile)
+    ]
+    return doc
+
+
+def is_stale(verified: str, today: date | None = None, months: int = STALE_AFTER_MONTHS) -> bool:
+    """True when a YYYY-MM stamp is older than `months` (the source's check_staleness rule)."""
+    if verified == "none":
+        return False
+    today = today or date.today()
+    year, month = (int(x) for x in verified.split("-"))
+    return (today.year - year) * 12 + (today.month - month) > months
+
+
+def _yes(flag: bool) -> str:
+    return "[green]yes[/green]" if flag else "[red]no[/red]"
+
+
+def _verb(ms: dict) -> str:
+    label = ms["label"]
+    same = label.lower().replace(" ", "_") == ms["verb"]
+    return escape(ms["verb"] if same else f"{ms['verb']} ({label})")
+
+
+def render_list(console: Console, profiles_dir: str | Path | None = None) -> None:
+    """`rgt-run profiles`: one row per platform."""
+    table = Table(title="rgt platform profiles", show_lines=False)
+    for col in ("name", "kind", "meter stop", "reversible", "spot grace", "verified"):
+        table.add_column(col)
+    for prof in list_profiles(profiles_dir):
+        ms, spot = prof["meter_stop"], prof["spot"]
+        if spot["grace_s"] is not None:
+            grace = f"{spot['grace_s']} s" + ("" if spot["available"] else " (stop signal, no spot)")
+        else:
+            grace = "n/a"
+        verified = prof["verified"]
+        if is_stale(verified):
+            verified = f"[yellow]{verified} (stale)[/yellow]"
+        table.add_row(prof["name"], prof["kind"], _verb(ms), _yes(ms["reversible"]), grace, verified)
+    console.print(table)
+
+
+def render_show(console: Console, profile: dict) -> None:
+    """`rgt-run profiles show <name>`: survival matrix, meter stop, danger clocks."""
+    p = profile
+    console.print(
+        f"[bold]{escape(p['title'])}[/bold] — profile [cyan]{p['name']}[/cyan], kind {p['kind']}, "
+        f"facts verified {p['verified']}" + (" [yellow](stale)[/yellow]" if is_stale(p["verified"]) else "")
+    )
+    console.print(escape(f"durable root: {p['roots']['durable']}    scratch root: {p['roots']['scratch']}"))
+
+    matrix = Table(title="Storage survival: is the data still there after stop / terminate?")
+    matrix.add_column("mount", no_wrap=True)
+    matrix.add_column("role", no_wrap=True)
+    matrix.add_column("stop", no_wrap=True)
+    matrix.add_column("terminate", no_wrap=True)
+    matrix.add_column("inode cap", no_wrap=True)
+    matrix.add_column("size")
+    for m in p["mounts"]:
+        s = set(m["survives"])
+        cap = f"{m['inode_cap']:,}" if m.get("inode_cap") else "-"
+        path = m["path"] + (" (optional)" if m.get("optional") else "")
+        matrix.add_row(
+            escape(path),
+            m["role"],
+            _yes("stop" in s),
+            _yes("terminate" in s),
+            cap,
+            escape(m.get("size_hint") or "-"),
+        )
+    console.print(matrix)
+
+    ms = p["meter_stop"]
+    console.print(
+        f"[bold]Meter stop:[/bold] {_verb(ms)} — "
+        + (
+            "reversible (the box can be started again)"
+            if ms["reversible"]
+            else "[red]irreversible[/red] (deletes the instance and its local disks)"
+        )
+    )
+    if ms["api"]:
+        api = ms["api"]
+        console.print(escape(f"  via {api['client']} at {api['base_url']} (key from ${api['key_env']})"))
+    elif ms["verb"] == "manual":
+        console.print("  no API: the user does it in the console")
+    for step in ms["manual_steps"]:
+        console.print(f"  step: {escape(step)}")
+    for alt in ms.get("alternatives", []):
+        kind = "reversible" if alt["reversible"] else "irreversible"
+        console.print(escape(f"  also: {alt['label']} ({alt['verb']}, {kind}): {alt['effect']}"))
+    console.print("[bold]Keeps billing after the stop:[/bold]" + ("" if ms["keeps_billing"] else " nothing"))
+    for item in ms["keeps_billing"]:
+        console.print(f"  $ {escape(item)}")
+    console.print(f"[bold]Check afterwards:[/bold] {escape(ms['post_check'])}")
+
+    spot = p["spot"]
+    grace = f"{spot['grace_s']} s" if spot["grace_s"] is not None else "n/a"
+    console.print(
+        f"[bold]Spot:[/bold] {'available' if spot['available'] else 'not available'}, grace {grace}"
+    )
+    console.print(
+        f"[bold]Detach:[/bold] {p['detach']['primitive']}"
+        + (f" (fallback {p['detach']['fallback']})" if p["detach"]["fallback"] else " (no fallback)")
+    )
+
+    console.print("[bold]Danger clocks:[/bold]" + ("" if p["danger_clocks"] else " none"))
+    for line in p["danger_clocks"]:
+        console.print(f"  [red]⏰[/red] {escape(line)}")
+    if p["conveniences"]:
+        console.print("[bold]Conveniences:[/bold]")
+        for line in p["conveniences"]:
+            console.print(f"  [green]•[/green] {escape(line)}")
+    if p.get("notes"):
+        console.print("[bold]Notes:[/bold]")
+        for line in p["notes"]:
+            console.print(f"  - {escape(line)}")
