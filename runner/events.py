@@ -85,8 +85,8 @@ class EventSink:
                 out.results.update(keep)
             if "ansible_facts" in res and isinstance(res["ansible_facts"], dict):
                 for key, value in res["ansible_facts"].items():
-                    if key.startswith("rgt_result_"):
-                        out.results[key[len("rgt_result_"):]] = value
+                    if key.endswith("_report") and isinstance(value, dict):  # e.g. env_check_report
+                        out.results[key] = value
             mark = "[yellow]changed[/yellow]" if res.get("changed") else "[green]ok[/green]"
             self._say(f"  {host:<16} {mark:<8} {task}")
             record["changed"] = bool(res.get("changed"))

@@ -12,7 +12,9 @@ from rich.console import Console
 
 # (phase, playbook) in lifecycle order; playbooks that do not exist yet are reported, not faked.
 PHASES = [
-    ("train", "train.yml"),
+    ("train (probe, env_check)", "train.yml"),
+    ("upload_resume", "upload_resume.yml"),
+    ("launch_detached", "launch_detached.yml"),
     ("monitor", "monitor.yml"),
     ("collect", "collect.yml"),
     ("teardown", "teardown.yml"),

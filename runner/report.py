@@ -47,6 +47,13 @@ def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[
     return rep, sorted(rep.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
 
 
+def _print_findings(console: Console, findings: list[dict]) -> None:
+    for f in findings:
+        sev = f.get("severity", "info")
+        fix = f" [dim]fix: {f['fix']}[/dim]" if f.get("fix") else ""
+        console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {f.get('message')}{fix}")
+
+
 def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path) -> dict:
     code = result.exit_code
     doc: dict = {"command": "playbook", **result.as_dict(), "ledger": str(ledger)}
@@ -75,9 +82,14 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
         rep, findings = _findings(ledger, host.name, result.started)
         if rep is not None:
             entry["probe"] = {"verdict": rep.get("verdict"), "findings": findings}
-            for f in findings:
-                sev = f.get("severity", "info")
-                console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {f.get('message')}")
+            _print_findings(console, findings)
+        env = out.results.get("env_check_report") if out else None
+        if env:
+            env_findings = sorted(env.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
+            entry["env_check"] = {"verdict": env.get("verdict"), "findings": env_findings,
+                                  "interpreter": (env.get("interpreter") or {}).get("path"),
+                                  "torch": env.get("torch"), "driver_cuda": env.get("driver_cuda")}
+            _print_findings(console, env_findings)
     doc["exit_code"] = code
     stem = Path(result.playbook).stem
     if code == errors.OK and stem in NEXT_STEP:

@@ -13,8 +13,8 @@ Errors name the file, the JSON path of the field (``mounts[1].survives[0]``) and
 from __future__ import annotations
 
 import copy
-import os
 import json
+import os
 import re
 from pathlib import Path
 
