@@ -47,7 +47,11 @@ def finding(fid, severity, message, data=None):
 
 
 def _gib(value):
-    return "%.1f GiB" % (value / float(GIB)) if value is not None else "unknown"
+    if value is None:
+        return "unknown"
+    if value < GIB:  # "0.5 GiB" reads worse than "512 MiB" for the small limits that matter most
+        return "%d MiB" % (value // (1024 * 1024))
+    return "%.1f GiB" % (value / float(GIB))
 
 
 def requested_gpu_count(gpu_request):

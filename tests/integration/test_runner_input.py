@@ -1,7 +1,6 @@
 """Bad input gets one clear message naming the field, exit 2, and no host touched."""
 
 import pytest
-
 from clihelp import REPO, write_inventory
 
 LOCAL = {"ansible_connection": "local", "rgt_profile": "local", "rgt_instance_id": "localhost"}
