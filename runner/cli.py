@@ -167,7 +167,7 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
                           extravars=extravars, limit=args.limit, tags=args.tags, skip_tags=args.skip_tags,
                           check=args.check, verbosity=args.verbose)
-    doc = report.summarize(console, result, hosts, ledger)
+    doc = report.summarize(console, result, hosts, ledger, args.inventory)
     emit(doc, args.json)
     return doc["exit_code"]
 

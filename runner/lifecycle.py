@@ -42,7 +42,7 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
         result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
                               extravars=extravars, limit=args.limit, tags=args.tags, check=args.check,
                               verbosity=args.verbose)
-        doc = summarize(console, result, hosts, ledger)
+        doc = summarize(console, result, hosts, ledger, args.inventory)
         done.append({"phase": phase, "status": "ok" if doc["exit_code"] == 0 else "failed", "result": doc})
         code = doc["exit_code"]
         if code != errors.OK:

@@ -54,7 +54,8 @@ def _print_findings(console: Console, findings: list[dict]) -> None:
         console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {f.get('message')}{fix}")
 
 
-def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path) -> dict:
+def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path,
+              inventory: str = "<inventory>") -> dict:
     code = result.exit_code
     doc: dict = {"command": "playbook", **result.as_dict(), "ledger": str(ledger)}
     per_host = doc["hosts"]
@@ -93,7 +94,7 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
     doc["exit_code"] = code
     stem = Path(result.playbook).stem
     if code == errors.OK and stem in NEXT_STEP:
-        doc["next"] = NEXT_STEP[stem].format(inv="<inventory>")
+        doc["next"] = NEXT_STEP[stem].format(inv=inventory)
         console.print(f"\nnext: {doc['next']}")
     elif code == errors.UNREACHABLE:
         console.print("\nnext: check the box in the platform console (ports change on restart); run the same "

@@ -17,9 +17,11 @@ from __future__ import absolute_import, division, print_function
 
 import re
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict  # noqa: F401
+
 __metaclass__ = type
 
-SEVERITIES = ("critical", "warning", "info")
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import SEVERITIES  # noqa: E402
 
 # Variables that route traffic through a proxy. no_proxy is not one of them: it only exempts hosts.
 PROXY_ROUTE_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy")
@@ -38,15 +40,6 @@ def finding(fid, severity, message, fix=""):
         raise ValueError("unknown severity %r" % (severity,))
     return {"id": fid, "severity": severity, "message": message, "fix": fix}
 
-
-def verdict(findings):
-    """fail when any finding is critical, warn when any is a warning, else ok."""
-    severities = set(f["severity"] for f in findings)
-    if "critical" in severities:
-        return "fail"
-    if "warning" in severities:
-        return "warn"
-    return "ok"
 
 
 def fails_on(report_verdict, fail_on):

@@ -30,9 +30,12 @@ from __future__ import absolute_import, division, print_function
 
 import os
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict as verdict_of
+
 __metaclass__ = type
 
-SEVERITIES = ("critical", "warning", "info")
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import SEVERITIES  # noqa: E402
+
 DISK_WARN_PCT = 90
 DISK_HIGH_PCT = 95
 GIB = 1024 ** 3
@@ -381,15 +384,6 @@ def _tool_findings(report):
 
 
 # ---------------------------------------------------------------- verdict
-
-def verdict_of(findings):
-    """fail if any critical, warn if any warning, else ok."""
-    severities = set(f["severity"] for f in findings)
-    if "critical" in severities:
-        return "fail"
-    if "warning" in severities:
-        return "warn"
-    return "ok"
 
 
 def evaluate(report, gpu_request=None, profile=None):
