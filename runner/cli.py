@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from rgt.inventory import check_pins, load_hosts, validate_job
 from rgt.ledger import ledger_dir
 from rich.console import Console
 
-SUBCOMMANDS = ("profiles", "pin", "lifecycle")
+SUBCOMMANDS = ("profiles", "pin", "lifecycle", "smoke", "status", "watch")
 
 
 def parse_extravars(values: list[str]) -> dict:
@@ -41,7 +42,7 @@ def parse_extravars(values: list[str]) -> dict:
                 raise InputError(f"-e {raw!r} is not valid YAML/JSON", fix="quote it as JSON", field="-e") from exc
         else:
             doc = {}
-            for pair in raw.split():
+            for pair in shlex.split(raw):
                 if "=" not in pair:
                     raise InputError(f"-e {pair!r} is not key=value", fix="use -e key=value or -e @file.yml",
                                      field="-e")
@@ -119,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "pin":
             from rgt.pin import cmd_pin
             return cmd_pin(argv[1:], console)
+        if argv and argv[0] in ("status", "watch"):
+            from rgt import status
+            return (status.main_status if argv[0] == "status" else status.main_watch)(argv[1:])
+        if argv and argv[0] == "smoke" and not ({"-i", "--inventory"} & set(argv)):
+            # the smoke runs on the controller: no box needed, the embedded local inventory carries it
+            argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
         args = build_parser().parse_args(argv)
         if args.playbook == "lifecycle":
             from rgt.lifecycle import cmd_lifecycle
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def prepare(args: argparse.Namespace):
+def prepare(args: argparse.Namespace, pins: bool = True):
     """Everything that can reject input, done before any host is touched."""
     extravars = parse_extravars(args.extra_vars)
     if "rgt_job" in extravars:
@@ -151,7 +158,8 @@ def prepare(args: argparse.Namespace):
                          fix="one of: " + ", ".join(sorted(p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml")))
                          + " (or a subcommand: " + ", ".join(SUBCOMMANDS) + ")", field="playbook") from exc
     hosts = load_hosts(args.inventory, args.limit, extravars)
-    check_pins(args.inventory, hosts)
+    if pins:
+        check_pins(args.inventory, hosts)
     return playbook, hosts, extravars
 
 
@@ -159,9 +167,11 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     from rgt import report
     from rgt.phases import run_playbook
 
-    playbook, hosts, extravars = prepare(args)
+    smoke_only = paths.resolve_playbook(args.playbook).stem == "smoke" if args.playbook else False
+    playbook, hosts, extravars = prepare(args, pins=not smoke_only)
     ledger = ledger_dir(args.ledger)
-    report.first_contact(console, ledger, hosts)
+    if not smoke_only:
+        report.first_contact(console, ledger, hosts)
     console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "
                   + ", ".join(f"{h.name} ({h.vars['rgt_profile']})" for h in hosts))
     result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
