@@ -35,7 +35,8 @@ def seed_run(stub: sh.StubHost) -> str:
               f"echo '{{\"ts\": 0, \"attempt\": 1}}' > {run}/.rgt/heartbeat && "
               f"echo '{json.dumps({'schema': 1, 'run_id': 'bench', 'command': 'true', 'outputs': []})}' "
               f"> {run}/.rgt/job.json && "
-              f"echo '{{\"attempt\": 1, \"rc\": 0, \"reason\": \"finished\", \"signal\": null}}' > {run}/.rgt/exit.json")
+              f"echo '{json.dumps({'attempt': 1, 'rc': 0, 'reason': 'finished', 'signal': None})}' "
+              f"> {run}/.rgt/exit.json")
     return f"{run}/.rgt/heartbeat"
 
 
