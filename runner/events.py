@@ -22,13 +22,14 @@ class HostOutcome:
     failed: bool = False
     unreachable: bool = False
     host_key_mismatch: bool = False
+    gate_refused: bool = False  # a task failed with rc_hint 3: disk floor, unverified upload, live-run mutation
     messages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     results: dict = field(default_factory=dict)  # task-registered payloads we keep (probe report, env report)
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "changed": self.changed, "failed": self.failed, "unreachable": self.unreachable,
-                "host_key_mismatch": self.host_key_mismatch, "messages": self.messages,
+                "host_key_mismatch": self.host_key_mismatch, "gate_refused": self.gate_refused, "messages": self.messages,
                 "warnings": self.warnings}
 
 
@@ -97,6 +98,7 @@ class EventSink:
                 self._say(f"  {host:<16} [dim]failed (ignored)[/dim] {task}")
             else:
                 out.failed = True
+                out.gate_refused = out.gate_refused or res.get("rc_hint") == 3
                 out.messages.append(f"{task}: {msg}")
                 self._say(f"  {host:<16} [red]FAILED[/red]  {task}: {msg}")
             record["msg"] = msg

@@ -36,7 +36,7 @@ class PhaseResult:
     def exit_code(self) -> int:
         """Map what happened to design.md's exit codes; identity failures outrank transport failures."""
         outcomes = self.hosts.values()
-        if any(o.host_key_mismatch for o in outcomes):
+        if any(o.host_key_mismatch or o.gate_refused for o in outcomes):
             return errors.REFUSED
         if any(o.failed for o in outcomes):
             return errors.FAILED
