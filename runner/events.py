@@ -29,8 +29,8 @@ class HostOutcome:
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "changed": self.changed, "failed": self.failed, "unreachable": self.unreachable,
-                "host_key_mismatch": self.host_key_mismatch, "gate_refused": self.gate_refused, "messages": self.messages,
-                "warnings": self.warnings}
+                "host_key_mismatch": self.host_key_mismatch, "gate_refused": self.gate_refused,
+                "messages": self.messages, "warnings": self.warnings}
 
 
 def _scrub(text: str) -> str:
