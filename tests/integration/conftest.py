@@ -47,10 +47,12 @@ STUB_LAYOUTS = {
     # autodl-like: data disk with a small inode cap so a test can exhaust it cheaply, shared fs with ~cap,
     # a 512 MiB memory limit (free still shows the host's RAM)
     "adl": {"profile": "autodl", "instance_id": "autodl-7f3a21", "memory": "512m",
-            "mounts": [{"path": "/root/autodl-tmp", "size_mib": 128, "inodes": 4000},
+            "mounts": [{"path": "/root/autodl-tmp", "size_mib": 128, "inodes": 4000, "persist": True},
                        {"path": "/root/autodl-fs", "size_mib": 64, "inodes": 2000}]},
     # runpod-like: /workspace network volume, no memory limit
-    "rp": {"profile": "runpod", "instance_id": "pod-9k2m4x", "mounts": [{"path": "/workspace", "size_mib": 128}]},
+    # (persist: the volume outlives `podman stop`, like a network volume outlives a preemption)
+    "rp": {"profile": "runpod", "instance_id": "pod-9k2m4x",
+           "mounts": [{"path": "/workspace", "size_mib": 256, "persist": True}]},
     # a box for faults (broken driver, Xid, host key change); generic ssh profile
     "flt": {"profile": "generic_ssh", "instance_id": "box-faulty", "mounts": []},
 }
