@@ -1,0 +1,442 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Liveness reconciliation: raw facts of one run -> state, evidence and attention (docs/internals.md "Status").
+
+Pure logic, no I/O: the rgt_status module reads the files and processes on the box and hands them here; the
+unit tests hand the same facts in directly. Python 3.6+ standard library only (module_utils run on the box).
+
+States (domain brief 4.3): the exit record of the current attempt decides when there is one; otherwise a live
+wrapper pid under the same incarnation means running (or stalled), a dead wrapper under another incarnation
+means the box restarted (preempted), and a dead wrapper under the same incarnation is dead.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import math
+import re
+import time
+
+__metaclass__ = type
+
+STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started")
+DEFAULT_STEP_PATTERN = r"step[=: ]\s*(\d+)"
+DEFAULT_LOSS_PATTERN = r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"
+DEFAULT_STALL_AFTER_S = 600
+DISK_PCT_MAX = 95
+SPIKE_FACTOR = 10.0
+SPIKE_WINDOW = 20
+FAST_FINISH_FRACTION = 0.5
+GPU_IDLE_PCT = 5
+
+
+# ---------------------------------------------------------------- small parsers
+
+_ISO = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def to_epoch(value):
+    """Epoch seconds from a number or an ISO-8601 string (naive = UTC); None when unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = _ISO.match(text)
+    if not match:
+        return None
+    parts = [int(match.group(i)) for i in range(1, 7)]
+    seconds = calendar.timegm((parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], 0, 0, 0))
+    if match.group(7):
+        seconds += float(match.group(7))
+    zone = match.group(8)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
+    return float(seconds)
+
+
+def parse_loss(text):
+    """A captured loss string -> float (nan/inf included) or None when it is no number."""
+    text = (text or "").strip().rstrip(".,;")
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def json_number(value):
+    """JSON has no NaN/Infinity: non-finite floats travel as the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def _compile(pattern, default):
+    try:
+        return re.compile(pattern or default)
+    except (re.error, TypeError):
+        return re.compile(default)
+
+
+ATTEMPT_MARKER = re.compile(r"^== rgt attempt (\d+) started")
+
+
+def current_attempt_lines(lines, attempt=None):
+    """The lines of the current attempt: after the wrapper's last `== rgt attempt N started` marker (for N =
+    attempt when given). job.log is appended by every attempt; without a marker in the tail, all of it."""
+    for index in range(len(lines) - 1, -1, -1):
+        match = ATTEMPT_MARKER.match(lines[index])
+        if match and (attempt is None or int(match.group(1)) == attempt):
+            return lines[index + 1:]
+    return lines
+
+
+def scan_log(text, patterns=None, partial_first_line=False, attempt=None):
+    """Read step/loss lines of a log tail (the current attempt's part of it).
+
+    Returns {step, loss, nonfinite (first non-finite loss {step, value}), spike (latest loss > 10x the median
+    of the previous 20 finite losses {step, value, median}), lines_with_loss}. The first non-finite loss is
+    kept even when finite lines follow it (a NaN that "recovered" is still a NaN).
+    """
+    patterns = patterns or {}
+    step_re = _compile(patterns.get("step"), DEFAULT_STEP_PATTERN)
+    loss_re = _compile(patterns.get("loss"), DEFAULT_LOSS_PATTERN)
+    lines = (text or "").splitlines()
+    if partial_first_line and lines:
+        lines = lines[1:]  # the tail began mid-line
+    lines = current_attempt_lines(lines, attempt)
+    result = {"step": None, "loss": None, "nonfinite": None, "spike": None, "lines_with_loss": 0}
+    window = []
+    step = None
+    for line in lines:
+        smatch = step_re.search(line)
+        if smatch:
+            try:
+                step = int(smatch.group(1) if smatch.groups() else smatch.group(0))
+            except (ValueError, IndexError):
+                pass
+            result["step"] = step
+        lmatch = loss_re.search(line)
+        if not lmatch:
+            continue
+        loss = parse_loss(lmatch.group(1) if lmatch.groups() else lmatch.group(0))
+        if loss is None:
+            continue
+        result["lines_with_loss"] += 1
+        result["loss"] = loss
+        if not math.isfinite(loss):
+            if result["nonfinite"] is None:
+                result["nonfinite"] = {"step": step, "value": json_number(loss),
+                                       "line": line.strip()[:200]}
+            continue
+        if len(window) >= SPIKE_WINDOW:
+            median = _median(window)
+            if median > 0 and loss > SPIKE_FACTOR * median:
+                result["spike"] = {"step": step, "value": loss, "median": median,
+                                   "line": line.strip()[:200]}
+        window.append(loss)
+        if len(window) > SPIKE_WINDOW:
+            window.pop(0)
+    return result
+
+
+def latest_gpu(samples):
+    """Latest sample per GPU index, in index order; keys index, util_pct, mem_used_mib, mem_total_mib."""
+    latest = {}
+    for row in samples or []:
+        index = row.get("index")
+        if index is None:
+            continue
+        latest[index] = row
+    out = []
+    for index in sorted(latest, key=lambda i: (str(type(i)), i)):
+        row = latest[index]
+        out.append({"index": index, "util_pct": row.get("util_pct"), "mem_used_mib": row.get("mem_used_mib"),
+                    "mem_total_mib": row.get("mem_total_mib")})
+    return out
+
+
+def gpu_idle(samples):
+    """True when GPUs were sampled and none was busy in the recent samples; None when unknown (no GPU)."""
+    utils = [row.get("util_pct") for row in samples or [] if isinstance(row.get("util_pct"), (int, float))]
+    if not utils:
+        return None
+    return max(utils) <= GPU_IDLE_PCT
+
+
+# ---------------------------------------------------------------- attempts
+
+def attempt_records(attempts):
+    """{attempt: {"start": record or None, "end": record or None}} from attempts.jsonl lines."""
+    table = {}
+    for record in attempts or []:
+        number = record.get("attempt")
+        if number is None:
+            continue
+        slot = table.setdefault(number, {"start": None, "end": None})
+        if "started_at" in record:
+            slot["start"] = record
+        if "ended_at" in record:
+            slot["end"] = record
+    return table
+
+
+def current_attempt(pid_doc, attempts, exit_doc):
+    """The attempt the run is on: the pid file's, else the newest attempt line's, else the exit record's."""
+    candidates = []
+    if pid_doc and isinstance(pid_doc.get("attempt"), int):
+        candidates.append(pid_doc["attempt"])
+    candidates.extend(n for n in attempt_records(attempts) if isinstance(n, int))
+    if candidates:
+        return max(candidates)
+    if exit_doc and isinstance(exit_doc.get("attempt"), int):
+        return exit_doc["attempt"]
+    return None
+
+
+def wall_seconds(attempts, now, current=None, alive=False, last_alive_at=None):
+    """Summed wall seconds of all attempts: ended ones by their end line, the current one up to now when alive,
+    else up to the last sign of life (heartbeat) when known."""
+    total = 0.0
+    for number, slot in attempt_records(attempts).items():
+        start = to_epoch((slot["start"] or {}).get("started_at"))
+        if start is None:
+            continue
+        end = to_epoch((slot["end"] or {}).get("ended_at"))
+        if end is None:
+            if number == current and alive:
+                end = now
+            elif last_alive_at is not None and number == current:
+                end = max(start, last_alive_at)
+            else:
+                end = start
+        total += max(0.0, end - start)
+    return total
+
+
+# ---------------------------------------------------------------- reconcile
+
+def _attention(ident, message, **data):
+    item = {"id": ident, "message": message}
+    item.update(data)
+    return item
+
+
+def reconcile(facts):
+    """Decide the status document of one run from its raw facts.
+
+    facts keys (all optional except now): host, run_id, job (job.json or None), pid (pid doc), heartbeat (doc),
+    heartbeat_age_s, exit (exit.json), attempts (list), incarnation (now), wrapper_alive, job_alive (liveness of
+    the recorded pids, already False when the pid doc is from another incarnation), session_alive (None when
+    not applicable), log_tail (text), log_tail_partial (bool), log_age_s, ckpt_age_s, outputs_present
+    ({relpath: bool}), mounts ([{path, bytes_pct, inodes_pct}]), cgroup ({mem_limit_bytes, mem_usage_bytes,
+    oom_kill}), oom_kill_baseline, gpu_samples ([{index, util_pct, mem_used_mib, mem_total_mib}], recent rows),
+    now (epoch seconds), warnings (list of strings collected while reading).
+    """
+    now = facts.get("now") or time.time()
+    job = facts.get("job")
+    warnings = list(facts.get("warnings") or [])
+    pid_doc = facts.get("pid") or None
+    attempts = facts.get("attempts") or []
+    exit_doc = facts.get("exit") or None
+    incarnation = facts.get("incarnation")
+    gpu_samples = facts.get("gpu_samples") or []
+    mounts = facts.get("mounts") or []
+    cgroup = facts.get("cgroup") or {"mem_limit_bytes": None, "mem_usage_bytes": None, "oom_kill": None}
+    doc = {
+        "schema": 1, "host": facts.get("host"), "run_id": facts.get("run_id") or (job or {}).get("run_id"),
+        "state": "not_started", "attempt": None,
+        "evidence": {"wrapper_pid_alive": bool(facts.get("wrapper_alive")),
+                     "job_pid_alive": bool(facts.get("job_alive")),
+                     "session_alive": facts.get("session_alive"), "incarnation_changed": None,
+                     "heartbeat_age_s": _round(facts.get("heartbeat_age_s")),
+                     "log_age_s": _round(facts.get("log_age_s")), "ckpt_age_s": _round(facts.get("ckpt_age_s")),
+                     "exit": None},
+        "step": None, "loss": None, "nonfinite_loss": None, "loss_spike": None,
+        "gpu": latest_gpu(gpu_samples), "mounts": mounts, "cgroup": cgroup, "outputs_missing": [],
+        "elapsed_s": None, "expected_duration_s": None, "cost_so_far": None, "auto_resume": False,
+        "attention": [], "warnings": warnings,
+    }
+    attention = doc["attention"]
+    _disk_full(facts, attention)
+    if not job:
+        return doc
+    policy = job.get("attempt_policy") or {}
+    doc["auto_resume"] = bool(policy.get("auto_resume", job.get("auto_resume", False)))
+    doc["expected_duration_s"] = job.get("expected_duration_s")
+    stall_after = job.get("stall_after_s") or DEFAULT_STALL_AFTER_S
+
+    attempt = current_attempt(pid_doc, attempts, exit_doc)
+    doc["attempt"] = attempt
+    records = attempt_records(attempts)
+    start = (records.get(attempt) or {}).get("start") or {}
+    start_incarnation = start.get("incarnation") or (pid_doc or {}).get("incarnation")
+    changed = None
+    if start_incarnation and incarnation:
+        changed = start_incarnation != incarnation
+    doc["evidence"]["incarnation_changed"] = changed
+    baseline = facts.get("oom_kill_baseline")
+    if baseline is None:
+        baseline = start.get("oom_kill", start.get("oom_kill_baseline"))
+    if changed:
+        baseline = 0  # a new container starts a new cgroup: its counter started again from 0
+    _oom(facts, attention, baseline if isinstance(baseline, int) else 0)
+
+    exit_current = None
+    if exit_doc:
+        if exit_doc.get("attempt") in (None, attempt):
+            exit_current = exit_doc
+        else:
+            warnings.append("exit.json is from attempt %s, the run is on attempt %s" % (exit_doc.get("attempt"),
+                                                                                        attempt))
+    doc["evidence"]["exit"] = exit_current
+
+    wrapper_alive = bool(facts.get("wrapper_alive")) and changed is not True
+    job_alive = bool(facts.get("job_alive")) and changed is not True
+    alive = False
+    if exit_current:
+        reason = exit_current.get("reason")
+        if reason == "finished":
+            present = facts.get("outputs_present") or {}
+            missing = [p for p in job.get("outputs") or [] if not present.get(p)]
+            doc["outputs_missing"] = missing
+            if missing:
+                doc["state"] = "failed"
+                attention.append(_attention("outputs_missing", "the job reported success but declared outputs "
+                                            "are missing under out/: " + ", ".join(missing), paths=missing))
+            else:
+                doc["state"] = "finished"
+        elif reason == "preempted":
+            doc["state"] = "preempted"
+        else:  # failed, killed, or a reason this version does not know
+            doc["state"] = "failed"
+            if reason not in ("failed", "killed"):
+                warnings.append("unknown exit reason %r counted as failed" % (reason,))
+    elif wrapper_alive:
+        doc["state"] = "running"
+        alive = True
+    elif job_alive:
+        doc["state"] = "running"
+        alive = True
+        warnings.append("the wrapper is gone but the job process is alive: no exit record will be written")
+    elif not pid_doc and not records:
+        if facts.get("session_alive"):
+            doc["state"] = "running"
+            alive = True
+            warnings.append("job.json present, the wrapper has not recorded a pid yet (starting)")
+        else:
+            doc["state"] = "dead"
+            warnings.append("job.json present but no wrapper ever recorded a pid or an attempt")
+    elif changed:
+        doc["state"] = "preempted"
+        warnings.append("the box restarted since attempt %s started (incarnation changed)" % attempt)
+    else:
+        doc["state"] = "dead"
+
+    if alive:
+        _heartbeat_check(doc, facts, job, warnings)
+
+    scan = scan_log(facts.get("log_tail"), job.get("log_patterns"), facts.get("log_tail_partial", False), attempt)
+    doc["step"] = scan["step"]
+    doc["loss"] = json_number(scan["loss"])
+    if scan["nonfinite"]:
+        doc["nonfinite_loss"] = {"step": scan["nonfinite"]["step"], "value": scan["nonfinite"]["value"]}
+        attention.append(_attention("nonfinite_loss", "non-finite loss %s at step %s" % (
+            scan["nonfinite"]["value"], scan["nonfinite"]["step"]), step=scan["nonfinite"]["step"],
+            value=scan["nonfinite"]["value"]))
+    if scan["spike"]:
+        spike = scan["spike"]
+        doc["loss_spike"] = {"step": spike["step"], "value": spike["value"], "median": spike["median"]}
+        attention.append(_attention("loss_spike", "loss %.6g at step %s is more than %gx the median %.6g of the "
+                                    "previous %d losses" % (spike["value"], spike["step"], SPIKE_FACTOR,
+                                                            spike["median"], SPIKE_WINDOW),
+                                    step=spike["step"], value=spike["value"]))
+
+    if alive:
+        attempt_started = to_epoch(start.get("started_at"))
+        log_age = facts.get("log_age_s")
+        if log_age is None and attempt_started is not None:
+            log_age = now - attempt_started
+        ckpt_age = facts.get("ckpt_age_s")
+        idle = gpu_idle(gpu_samples)
+        quiet_log = log_age is not None and log_age > stall_after
+        quiet_ckpt = ckpt_age is None or ckpt_age > stall_after
+        if quiet_log and quiet_ckpt and idle is not False:
+            doc["state"] = "stalled"
+            attention.append(_attention(
+                "stalled", "alive but the log is %ds old%s (stall_after_s %s)%s" % (
+                    log_age, "" if ckpt_age is None else " and the newest checkpoint %ds" % ckpt_age, stall_after,
+                    ", GPUs idle" if idle else ""), log_age_s=_round(log_age), ckpt_age_s=_round(ckpt_age)))
+        elif quiet_log and not quiet_ckpt:
+            warnings.append("the log is quiet but checkpoints advance: block-buffered stdout? (U43)")
+        elif quiet_log and idle is False:
+            warnings.append("the log is quiet but a GPU is busy: not counted as a stall")
+
+    last_alive_at = None
+    if facts.get("heartbeat_age_s") is not None:
+        last_alive_at = now - facts["heartbeat_age_s"]
+    if exit_current and to_epoch(exit_current.get("ended_at")) is not None:
+        last_alive_at = to_epoch(exit_current.get("ended_at"))
+    elapsed = wall_seconds(attempts, now, attempt, alive, last_alive_at)
+    doc["elapsed_s"] = _round(elapsed) if records else None
+    price = job.get("price_per_hour")
+    if isinstance(price, (int, float)) and not isinstance(price, bool) and records:
+        doc["cost_so_far"] = round(price * elapsed / 3600.0, 4)
+    expected = job.get("expected_duration_s")
+    if (doc["state"] == "finished" and isinstance(expected, (int, float)) and expected > 0 and records
+            and elapsed < FAST_FINISH_FRACTION * expected):
+        attention.append(_attention("fast_finish", "finished in %ds, under %d%% of the expected %ds: probable "
+                                    "failure, verify before trusting" % (elapsed, FAST_FINISH_FRACTION * 100,
+                                                                         expected),
+                                    elapsed_s=_round(elapsed), expected_duration_s=expected))
+    return doc
+
+
+def _heartbeat_check(doc, facts, job, warnings):
+    age = facts.get("heartbeat_age_s")
+    interval = job.get("heartbeat_interval_s") or 5
+    limit = max(10 * interval, 120)
+    if age is not None and age > limit:
+        warnings.append("the wrapper pid is alive but its heartbeat is %ds old (hung wrapper or a reused pid?)"
+                        % age)
+
+
+def _disk_full(facts, attention):
+    full = []
+    for mount in facts.get("mounts") or []:
+        for key, label in (("bytes_pct", "bytes"), ("inodes_pct", "inodes")):
+            value = mount.get(key)
+            if isinstance(value, (int, float)) and value >= DISK_PCT_MAX:
+                full.append("%s %s %s%%" % (mount.get("path"), label, value))
+    if full:
+        attention.append(_attention("disk_full", "disk at or above %d%%: %s (prune scratch or expand; a save may "
+                                    "fail mid-write)" % (DISK_PCT_MAX, "; ".join(full)), mounts=full))
+
+
+def _oom(facts, attention, baseline):
+    now_kills = (facts.get("cgroup") or {}).get("oom_kill")
+    if isinstance(now_kills, int) and now_kills > baseline:
+        attention.append(_attention("oom_kill", "the cgroup OOM-killed %d process(es) since launch (oom_kill %d, "
+                                    "baseline %d): host-RAM OOM, size num_workers vs memory.max (U9)"
+                                    % (now_kills - baseline, now_kills, baseline),
+                                    oom_kill=now_kills, baseline=baseline))
+
+
+def _round(value):
+    if isinstance(value, float):
+        return round(value, 1)
+    return value

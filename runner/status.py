@@ -1,0 +1,428 @@
+"""`rgt-run status` and `rgt-run watch`: the monitor phase seen from the controller.
+
+One `playbooks/monitor.yml` run per poll (one read-only round trip per host). The box decides the job's state
+(`rgt_status` module); the runner adds `unreachable` for a host whose SSH failed and never turns that into a job
+state. Exit codes: 3 a host key does not match its pin, else 5 any attention, else 1 any failed/dead/preempted/
+not_started run or module error, else 4 any unreachable host, else 0 (every run running or finished).
+
+watch: a bounded loop of status ticks (default every 90 s, at most 120 ticks). A host whose SSH fails is backed
+off exponentially (interval x 2^k, capped at 10 min) and skipped until it is due again; the next tick is at the
+smallest due time. The loop ends when every run is finished, failed, dead, preempted (and not being resumed),
+not started, or needs attention. A preempted run whose job.json says attempt_policy.auto_resume is relaunched
+once per attempt through playbooks/launch_detached.yml (old code); failed, dead and attention runs never are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rgt import errors
+from rgt.errors import RgtError
+from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
+from rich.console import Console
+from rich.table import Table
+
+BACKOFF_CAP_S = 600
+DEFAULT_INTERVAL_S = 90
+DEFAULT_MAX_TICKS = 120
+FAILED_STATES = ("failed", "dead", "preempted", "not_started", "error")
+TERMINAL_STATES = ("finished", "failed", "dead", "not_started", "error")
+STATE_STYLE = {"running": "green", "finished": "green", "stalled": "yellow", "preempted": "yellow",
+               "failed": "red", "dead": "red", "error": "red", "unreachable": "magenta", "not_started": "dim"}
+
+
+# ---------------------------------------------------------------- one poll
+
+def _first_line(messages: list[str]) -> str:
+    for msg in messages or []:
+        if msg and msg.strip():
+            return msg.strip().splitlines()[0][:300]
+    return ""
+
+
+def host_doc(name: str, outcome, now: float) -> dict:
+    """The per-host entry of a poll: the box's status document, or unreachable/error from the runner."""
+    if outcome is None:
+        return {"host": name, "state": "error", "error": "the monitor play returned nothing for this host"}
+    if outcome.unreachable:
+        doc = {"host": name, "state": "unreachable", "error": _first_line(outcome.messages) or "unreachable"}
+        if outcome.host_key_mismatch:
+            doc["host_key_mismatch"] = True
+        return doc
+    report = outcome.results.get("monitor_status_report")
+    if outcome.failed or not isinstance(report, dict):
+        return {"host": name, "state": "error",
+                "error": _first_line(outcome.messages) or "the monitor play did not return a status document"}
+    doc = dict(report)
+    doc["hostname"] = doc.get("host")
+    doc["host"] = name
+    doc["seen_at"] = now
+    return doc
+
+
+def exit_code(docs: dict[str, dict]) -> int:
+    """design.md exit codes for status/watch; host identity first, then attention, job, transport."""
+    values = list(docs.values())
+    if any(d.get("host_key_mismatch") for d in values):
+        return errors.REFUSED
+    if any(d.get("attention") for d in values):
+        return errors.ATTENTION
+    if any(d.get("state") in FAILED_STATES for d in values):
+        return errors.FAILED
+    if any(d.get("state") == "unreachable" for d in values):
+        return errors.UNREACHABLE
+    return errors.OK
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago"
+
+
+def last_seen(ledger: Path, host: str) -> dict | None:
+    """The last state the box itself reported (from <ledger>/status/<host>.json), if any."""
+    prev = read_json(ledger / "status" / f"{host}.json")
+    if not isinstance(prev, dict):
+        return None
+    if prev.get("state") == "unreachable":
+        return prev.get("last_seen")
+    if prev.get("seen_at") is None:
+        return None
+    return {"state": prev.get("state"), "seen_at": prev.get("seen_at"), "attempt": prev.get("attempt"),
+            "step": prev.get("step")}
+
+
+def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
+    """Latest status per host (atomic) and one tick line appended; an unreachable host keeps its last seen."""
+    if doc.get("state") == "unreachable":
+        doc = {**doc, "at": now, "last_seen": last_seen(ledger, host)}
+    atomic_write_json(ledger / "status" / f"{host}.json", doc)
+    tick = {"t": now, "state": doc.get("state"), "attempt": doc.get("attempt"), "step": doc.get("step"),
+            "loss": doc.get("loss"), "attention": [a.get("id") for a in doc.get("attention") or []],
+            "error": doc.get("error")}
+    append_jsonl(ledger / "status" / f"{host}.jsonl", tick)
+    return doc
+
+
+def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
+    """One monitor.yml run over `hosts`; returns {host: doc} (recorded in the ledger)."""
+    from rgt import paths
+    from rgt.phases import run_playbook
+
+    playbook = paths.PLAYBOOKS_DIR / "monitor.yml"
+    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
+                          limit=",".join(h.name for h in hosts), quiet=True, verbosity=args.verbose or 0)
+    now = time.time()
+    return {h.name: record(ledger, h.name, host_doc(h.name, result.hosts.get(h.name), now), now) for h in hosts}
+
+
+# ---------------------------------------------------------------- rendering
+
+def _fmt(value, spec: str = "", missing: str = "-") -> str:
+    if value is None:
+        return missing
+    if isinstance(value, float) and spec:
+        return format(value, spec)
+    return str(value)
+
+
+def _max(values: list) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return max(numbers) if numbers else None
+
+
+def summary_fields(doc: dict) -> dict:
+    mounts = doc.get("mounts") or []
+    gpus = doc.get("gpu") or []
+    util = [g.get("util_pct") for g in gpus]
+    evidence = doc.get("evidence") or {}
+    loss = doc.get("loss")
+    return {
+        "attempt": _fmt(doc.get("attempt")), "step": _fmt(doc.get("step")),
+        "loss": _fmt(loss, ".4g") if not isinstance(loss, str) else loss,
+        "util": "/".join(f"{u}%" for u in util if u is not None) or "-",
+        "disk": _fmt(_max([m.get("bytes_pct") for m in mounts])),
+        "inode": _fmt(_max([m.get("inodes_pct") for m in mounts])),
+        "hb": _fmt(evidence.get("heartbeat_age_s"), ".0f"),
+        "cost": _fmt(doc.get("cost_so_far"), ".2f"),
+    }
+
+
+def state_text(doc: dict, now: float) -> str:
+    state = doc.get("state", "?")
+    if state == "unreachable":
+        seen = doc.get("last_seen")
+        text = "unreachable"
+        if seen and seen.get("seen_at"):
+            text += f" (last seen: {seen.get('state')} {_ago(now - seen['seen_at'])})"
+        return text
+    return state
+
+
+def render_table(console: Console, docs: dict[str, dict]) -> None:
+    now = time.time()
+    priced = any(d.get("cost_so_far") is not None for d in docs.values())
+    table = Table(show_edge=False, pad_edge=False)
+    columns = ["host", "state", "att", "step", "loss", "gpu", "disk%", "inode%", "hb s"]
+    if priced:
+        columns.append("cost")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for name, doc in sorted(docs.items()):
+        f = summary_fields(doc)
+        style = STATE_STYLE.get(doc.get("state"), "white")
+        row = [name, f"[{style}]{doc.get('state', '?')}[/]", f["attempt"], f["step"], f["loss"], f["util"],
+               f["disk"], f["inode"], f["hb"]]
+        if priced:
+            row.append(f["cost"])
+        table.add_row(*row)
+    console.print(table)
+    for name, doc in sorted(docs.items()):
+        for item in doc.get("attention") or []:
+            console.print(f"  [red]attention[/red] {name}: {item.get('id')}: {item.get('message')}")
+        if doc.get("error"):
+            console.print(f"  [magenta]{name}[/magenta]: {state_text(doc, now)}: {doc['error']}")
+        for warning in doc.get("warnings") or []:
+            console.print(f"  [yellow]warning[/yellow] {name}: {warning}")
+
+
+def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
+    f = summary_fields(doc)
+    clock = datetime.fromtimestamp(now).strftime("%H:%M:%S")
+    attention = ",".join(a.get("id", "?") for a in doc.get("attention") or [])
+    parts = [clock, name, state_text(doc, now), f"step={f['step']}", f"loss={f['loss']}", f"util={f['util']}",
+             f"disk={f['disk']}%", f"inode={f['inode']}%", f"hb={f['hb']}s"]
+    if attention:
+        parts.append(f"attention={attention}")
+    if note:
+        parts.append(note)
+    return " ".join(parts)
+
+
+def emit(doc: dict, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- status
+
+def _prepare(args: argparse.Namespace):
+    from rgt.cli import prepare
+
+    ns = argparse.Namespace(**vars(args))
+    ns.playbook = "monitor"
+    _playbook, hosts, extravars = prepare(ns)
+    return hosts, extravars
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    hosts, extravars = _prepare(args)
+    ledger = ledger_dir(args.ledger)
+    docs = poll(args, console, hosts, extravars, ledger)
+    render_table(console, docs)
+    code = exit_code(docs)
+    console.print(f"exit {code} · ledger {ledger / 'status'}")
+    emit({"command": "status", "hosts": docs, "exit_code": code}, args.json)
+    return code
+
+
+# ---------------------------------------------------------------- watch
+
+class Schedule:
+    """Per-host due times: healthy hosts every interval, unreachable ones backed off (interval x 2^k, capped)."""
+
+    def __init__(self, names: list[str], interval: float, start: float, cap: float = BACKOFF_CAP_S):
+        self.interval = interval
+        self.cap = cap
+        self.due = {n: start for n in names}
+        self.failures = {n: 0 for n in names}
+        self.done: set[str] = set()
+
+    def active(self) -> list[str]:
+        return [n for n in self.due if n not in self.done]
+
+    def due_hosts(self, now: float) -> list[str]:
+        return [n for n in self.active() if self.due[n] <= now + 1e-6]
+
+    def next_due(self) -> float | None:
+        times = [self.due[n] for n in self.active()]
+        return min(times) if times else None
+
+    def update(self, name: str, reachable: bool, now: float) -> float:
+        if reachable:
+            self.failures[name] = 0
+            delay = self.interval
+        else:
+            self.failures[name] += 1
+            delay = min(self.interval * (2 ** self.failures[name]), self.cap)
+        self.due[name] = now + delay
+        return delay
+
+
+def is_terminal(doc: dict, resumable: bool = False) -> bool:
+    """Nothing more to wait for on this host: the run ended, needs a human, or the box refused us."""
+    if doc.get("host_key_mismatch") or doc.get("attention"):
+        return True
+    state = doc.get("state")
+    if state in TERMINAL_STATES:
+        return True
+    if state == "preempted":
+        return not resumable
+    return False
+
+
+def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, extravars: dict | None = None,
+             ledger: Path | None = None, host_objs: list | None = None) -> int:
+    """Relaunch preempted runs with their old code (attempt n+1) through playbooks/launch_detached.yml."""
+    from rgt import paths
+    from rgt.phases import run_playbook
+
+    ledger = ledger or ledger_dir(args.ledger)
+    playbook = paths.PLAYBOOKS_DIR / "launch_detached.yml"
+    if not playbook.is_file():
+        console.print(f"[red]cannot relaunch[/red] {', '.join(hosts)}: {playbook} does not exist")
+        return errors.FAILED
+    if host_objs is None or extravars is None:
+        all_hosts, extravars = _prepare(args)
+        host_objs = [h for h in all_hosts if h.name in hosts]
+    evars = {**(extravars or {}), "launch_detached_use_new_code": False}
+    result = run_playbook(playbook, args.inventory, host_objs, ledger=ledger, console=console, extravars=evars,
+                          limit=",".join(hosts), quiet=True, verbosity=args.verbose or 0)
+    return result.exit_code
+
+
+def _monotonic() -> float:  # seams for tests: a fake clock drives the scheduler
+    return time.monotonic()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def cmd_watch(args: argparse.Namespace, console: Console) -> int:
+    hosts, extravars = _prepare(args)
+    ledger = ledger_dir(args.ledger)
+    interval = float(args.interval if args.interval is not None else DEFAULT_INTERVAL_S)
+    if interval <= 0:
+        raise errors.InputError("--interval must be positive", fix="--interval 90", field="--interval")
+    max_ticks = args.max_ticks if args.max_ticks is not None else DEFAULT_MAX_TICKS
+    by_name = {h.name: h for h in hosts}
+    events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
+    schedule = Schedule(list(by_name), interval, _monotonic())
+    latest: dict[str, dict] = {}
+    relaunched: set[tuple[str, object]] = set()
+    relaunches: list[dict] = []
+    ticks = 0
+    code = errors.OK
+    console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
+                  "(dead runs are reported, never relaunched)")
+    while ticks < max_ticks and schedule.active():
+        wait = (schedule.next_due() or 0) - _monotonic()
+        if wait > 0:
+            _sleep(wait)
+        due = schedule.due_hosts(_monotonic())
+        if not due:
+            continue
+        ticks += 1
+        docs = poll(args, console, [by_name[n] for n in due], extravars, ledger)
+        mono, now = _monotonic(), time.time()
+        to_resume = []
+        for name in due:
+            doc = docs[name]
+            latest[name] = doc
+            delay = schedule.update(name, doc.get("state") != "unreachable", mono)
+            resumable = (doc.get("state") == "preempted" and doc.get("auto_resume") and not doc.get("attention")
+                         and (name, doc.get("attempt")) not in relaunched)
+            note = f"next try in {delay:.0f} s" if doc.get("state") == "unreachable" else ""
+            console.print(tick_line(name, doc, now, note), highlight=False)
+            if resumable:
+                to_resume.append(name)
+            elif is_terminal(doc):
+                schedule.done.add(name)
+            elif doc.get("state") == "preempted":
+                schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
+        if to_resume:
+            console.print(f"[yellow]relaunching[/yellow] preempted run(s) with auto_resume on: {', '.join(to_resume)}")
+            rc = relaunch(args, console, to_resume, extravars=extravars, ledger=ledger,
+                          host_objs=[by_name[n] for n in to_resume])
+            for name in to_resume:
+                entry = {"t": time.time(), "event": "relaunch", "host": name, "attempt": latest[name].get("attempt"),
+                         "reason": "preempted", "auto_resume": True, "exit_code": rc}
+                relaunched.add((name, latest[name].get("attempt")))
+                relaunches.append(entry)
+                append_jsonl(events, entry)
+                if rc != errors.OK:
+                    schedule.done.add(name)
+                else:
+                    schedule.due[name] = _monotonic() + min(interval, 30.0)  # see the new attempt soon
+            console.print(f"relaunch exit {rc}")
+        code = exit_code(latest)
+    for item in latest.values():
+        if item.get("attention") or item.get("state") in ("failed", "dead", "error"):
+            for att in item.get("attention") or []:
+                console.print(f"  [red]attention[/red] {item['host']}: {att.get('id')}: {att.get('message')}")
+            if item.get("error"):
+                console.print(f"  [magenta]{item['host']}[/magenta]: {item['error']}")
+    reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
+    console.print(f"watch stopped after {ticks} tick(s): {reason}; exit {code}")
+    emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
+          "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
+    return code
+
+
+# ---------------------------------------------------------------- entry points (wired into rgt.cli by the lead)
+
+def _parser(prog: str, watch: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
+    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
+    p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
+                   help="extra vars: @job.yml, k=v or JSON")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    if watch:
+        p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between ticks (90)")
+        p.add_argument("--max-ticks", dest="max_ticks", type=int, default=DEFAULT_MAX_TICKS,
+                       help="stop after this many ticks (120)")
+    return p
+
+
+def _main(argv: list[str] | None, command: str) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    as_json = "--json" in argv
+    try:
+        args = _parser(f"rgt-run {command}", command == "watch").parse_args(argv)
+        if command == "watch":
+            return cmd_watch(args, console)
+        args.interval, args.max_ticks = None, None
+        return cmd_status(args, console)
+    except RgtError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        if exc.fix:
+            console.print(f"  fix: {exc.fix}")
+        emit({"command": command, **exc.as_dict()}, as_json)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: nothing on the box was stopped; the runs keep going")
+        return 130
+
+
+def main_status(argv: list[str] | None = None) -> int:
+    return _main(argv, "status")
+
+
+def main_watch(argv: list[str] | None = None) -> int:
+    return _main(argv, "watch")

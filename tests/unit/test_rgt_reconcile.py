@@ -1,0 +1,291 @@
+"""Liveness reconciliation (module_utils rgt_reconcile): each state, the evidence, and every attention id."""
+
+import json
+
+import pytest
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_reconcile as rc
+
+NOW = 1_800_000_000.0
+INC = "boot-a:111"
+
+
+def job(**over):
+    base = {"schema": 1, "run_id": "exp1", "outputs": ["weights.bin"], "expected_duration_s": 3600,
+            "price_per_hour": 2.0, "stall_after_s": 600, "heartbeat_interval_s": 5,
+            "attempt_policy": {"auto_resume": True}}
+    base.update(over)
+    return base
+
+
+def start(attempt=1, at=NOW - 1800, inc=INC, **extra):
+    rec = {"attempt": attempt, "started_at": at, "code_dir": "/r/code-abcd1234", "resume_from": "",
+           "incarnation": inc, "detach": "tmux"}
+    rec.update(extra)
+    return rec
+
+
+def end(attempt=1, at=NOW - 10, reason="finished", rc_=0):
+    return {"attempt": attempt, "ended_at": at, "rc": rc_, "signal": None, "reason": reason}
+
+
+def log(n=50, loss=lambda i: 1.0 / (i + 1) + 0.5):
+    return "".join("step=%d loss=%.6f\n" % (i, loss(i)) for i in range(1, n + 1))
+
+
+def facts(**over):
+    base = {"host": "box", "run_id": "exp1", "job": job(), "now": NOW, "incarnation": INC,
+            "pid": {"wrapper_pid": 10, "job_pid": 11, "pgid": 11, "attempt": 1, "incarnation": INC},
+            "attempts": [start()], "exit": None, "wrapper_alive": True, "job_alive": True, "session_alive": True,
+            "heartbeat_age_s": 2.0, "log_tail": log(), "log_age_s": 3.0, "ckpt_age_s": 100.0,
+            "outputs_present": {"weights.bin": False},
+            "mounts": [{"path": "/data", "bytes_pct": 40, "inodes_pct": 3}, {"path": "/", "bytes_pct": 50,
+                                                                               "inodes_pct": 10}],
+            "cgroup": {"mem_limit_bytes": 8 << 30, "mem_usage_bytes": 1 << 30, "oom_kill": 0},
+            "gpu_samples": [{"index": 0, "util_pct": 90, "mem_used_mib": 1000, "mem_total_mib": 80000}]}
+    base.update(over)
+    return base
+
+
+def ids(doc):
+    return [a["id"] for a in doc["attention"]]
+
+
+def finished_facts(**over):
+    base = dict(exit={"attempt": 1, "rc": 0, "signal": None, "reason": "finished", "ended_at": NOW - 10,
+                      "stop_signal": None},
+                attempts=[start(at=NOW - 3600), end(at=NOW - 10)], wrapper_alive=False, job_alive=False,
+                session_alive=False, outputs_present={"weights.bin": True})
+    base.update(over)
+    return facts(**base)
+
+
+# ---------------------------------------------------------------- states
+
+def test_not_started_without_job_json():
+    doc = rc.reconcile(facts(job=None, pid=None, attempts=[]))
+    assert doc["state"] == "not_started"
+    assert doc["attempt"] is None and doc["attention"] == []
+
+
+def test_running_when_the_wrapper_pid_is_alive_under_the_same_incarnation():
+    doc = rc.reconcile(facts())
+    assert doc["state"] == "running"
+    assert doc["attempt"] == 1
+    assert doc["step"] == 50 and doc["loss"] == pytest.approx(1 / 51 + 0.5)
+    assert doc["evidence"]["wrapper_pid_alive"] and doc["evidence"]["incarnation_changed"] is False
+    assert doc["attention"] == []
+    assert doc["gpu"] == [{"index": 0, "util_pct": 90, "mem_used_mib": 1000, "mem_total_mib": 80000}]
+    assert doc["auto_resume"] is True
+    json.dumps(doc, allow_nan=False)  # strict JSON
+
+
+def test_finished_needs_the_exit_record_and_every_output():
+    doc = rc.reconcile(finished_facts())
+    assert doc["state"] == "finished"
+    assert doc["evidence"]["exit"]["reason"] == "finished"
+    assert doc["attention"] == [] and doc["outputs_missing"] == []
+
+
+def test_finished_but_outputs_missing_is_failed_with_attention():
+    doc = rc.reconcile(finished_facts(outputs_present={"weights.bin": False}))
+    assert doc["state"] == "failed"
+    assert doc["outputs_missing"] == ["weights.bin"]
+    assert ids(doc) == ["outputs_missing"]
+
+
+@pytest.mark.parametrize("reason", ["failed", "killed"])
+def test_failed_and_killed_exit_reasons_are_failed(reason):
+    doc = rc.reconcile(finished_facts(exit={"attempt": 1, "rc": 3, "reason": reason, "ended_at": NOW - 5}))
+    assert doc["state"] == "failed"
+
+
+def test_preempted_exit_reason():
+    doc = rc.reconcile(finished_facts(exit={"attempt": 1, "rc": 0, "reason": "preempted", "ended_at": NOW - 5}))
+    assert doc["state"] == "preempted"
+
+
+def test_incarnation_change_without_exit_record_is_preempted():
+    # the pid doc belongs to the old incarnation: the module reports its pids as not alive
+    doc = rc.reconcile(facts(incarnation="boot-b:999", wrapper_alive=False, job_alive=False, session_alive=False))
+    assert doc["state"] == "preempted"
+    assert doc["evidence"]["incarnation_changed"] is True
+
+
+def test_live_pid_from_another_incarnation_never_counts():
+    # a pid number reused after a restart: alive flags passed in by mistake still lose to the incarnation
+    doc = rc.reconcile(facts(incarnation="boot-b:999", wrapper_alive=True, job_alive=True))
+    assert doc["state"] == "preempted"
+
+
+def test_dead_wrapper_same_incarnation_no_exit_is_dead():
+    doc = rc.reconcile(facts(wrapper_alive=False, job_alive=False, session_alive=False))
+    assert doc["state"] == "dead"
+
+
+def test_exit_record_of_an_older_attempt_is_ignored():
+    doc = rc.reconcile(facts(attempts=[start(1), end(1, reason="preempted"), start(2)],
+                             pid={"wrapper_pid": 10, "job_pid": 11, "attempt": 2, "incarnation": INC},
+                             exit={"attempt": 1, "reason": "preempted", "ended_at": NOW - 900}))
+    assert doc["state"] == "running" and doc["attempt"] == 2
+    assert doc["evidence"]["exit"] is None
+
+
+def test_job_json_but_no_wrapper_record_and_no_session_is_dead():
+    doc = rc.reconcile(facts(pid=None, attempts=[], wrapper_alive=False, job_alive=False, session_alive=False))
+    assert doc["state"] == "dead"
+    assert any("no wrapper ever recorded" in w for w in doc["warnings"])
+
+
+# ---------------------------------------------------------------- stall
+
+def test_stalled_when_alive_but_log_and_ckpt_old_and_gpu_idle():
+    doc = rc.reconcile(facts(log_age_s=700.0, ckpt_age_s=900.0,
+                             gpu_samples=[{"index": 0, "util_pct": 0}, {"index": 0, "util_pct": 1}]))
+    assert doc["state"] == "stalled"
+    assert ids(doc) == ["stalled"]
+
+
+def test_not_stalled_while_a_gpu_is_busy():
+    doc = rc.reconcile(facts(log_age_s=700.0, ckpt_age_s=900.0))
+    assert doc["state"] == "running"
+    assert any("GPU is busy" in w for w in doc["warnings"])
+
+
+def test_not_stalled_while_checkpoints_advance():
+    doc = rc.reconcile(facts(log_age_s=700.0, ckpt_age_s=30.0, gpu_samples=[]))
+    assert doc["state"] == "running"
+
+
+def test_stalled_without_gpus():
+    doc = rc.reconcile(facts(log_age_s=700.0, ckpt_age_s=None, gpu_samples=[]))
+    assert doc["state"] == "stalled"
+
+
+# ---------------------------------------------------------------- loss
+
+def test_nonfinite_loss_reports_its_step_and_value():
+    tail = log(10) + "step=11 loss=nan\n"
+    doc = rc.reconcile(facts(log_tail=tail))
+    assert doc["nonfinite_loss"] == {"step": 11, "value": "nan"}
+    assert "nonfinite_loss" in ids(doc)
+    assert doc["loss"] == "nan"
+    json.dumps(doc, allow_nan=False)
+
+
+def test_nan_is_not_hidden_by_later_finite_lines():
+    tail = log(10) + "step=11 loss=nan\n" + "".join("step=%d loss=0.4\n" % i for i in range(12, 400))
+    doc = rc.reconcile(facts(log_tail=tail))
+    assert doc["nonfinite_loss"] == {"step": 11, "value": "nan"}
+    assert doc["step"] == 399 and doc["loss"] == pytest.approx(0.4)
+
+
+def test_inf_and_custom_patterns():
+    tail = "it 1 | train_loss: 0.5\nit 2 | train_loss: -inf\n"
+    doc = rc.reconcile(facts(log_tail=tail, job=job(log_patterns={"step": r"it (\d+)", "loss": r"train_loss: (\S+)"})))
+    assert doc["nonfinite_loss"] == {"step": 2, "value": "-inf"}
+
+
+def test_partial_first_line_of_a_tail_is_dropped():
+    scan = rc.scan_log("=nan\nstep=5 loss=0.3\n", partial_first_line=True)
+    assert scan["nonfinite"] is None and scan["step"] == 5
+
+
+def test_loss_spike_over_ten_times_the_median_of_the_previous_twenty():
+    tail = "".join("step=%d loss=1.0\n" % i for i in range(1, 31)) + "step=31 loss=11.5\nstep=32 loss=1.0\n"
+    doc = rc.reconcile(facts(log_tail=tail))
+    assert doc["loss_spike"]["step"] == 31 and doc["loss_spike"]["value"] == 11.5
+    assert "loss_spike" in ids(doc)
+
+
+def test_no_spike_below_ten_times_or_before_twenty_losses():
+    tail = "".join("step=%d loss=1.0\n" % i for i in range(1, 25)) + "step=25 loss=9.9\n"
+    assert rc.reconcile(facts(log_tail=tail))["loss_spike"] is None
+    early = "step=1 loss=1.0\nstep=2 loss=50.0\n"
+    assert rc.reconcile(facts(log_tail=early))["loss_spike"] is None
+
+
+# ---------------------------------------------------------------- finish, disk, oom, cost
+
+def test_fast_finish_under_half_the_expected_duration():
+    doc = rc.reconcile(finished_facts(attempts=[start(at=NOW - 600), end(at=NOW - 10)],
+                                      exit={"attempt": 1, "reason": "finished", "ended_at": NOW - 10}))
+    assert doc["state"] == "finished"
+    assert ids(doc) == ["fast_finish"]
+    assert doc["elapsed_s"] == pytest.approx(590)
+
+
+def test_fast_finish_sums_all_attempts():
+    attempts = [start(1, at=NOW - 4000), end(1, at=NOW - 3000, reason="preempted"),
+                start(2, at=NOW - 2000), end(2, at=NOW - 10)]
+    doc = rc.reconcile(finished_facts(attempts=attempts, pid={"attempt": 2, "incarnation": INC},
+                                      exit={"attempt": 2, "reason": "finished", "ended_at": NOW - 10}))
+    assert doc["attempt"] == 2 and doc["elapsed_s"] == pytest.approx(2990)
+    assert "fast_finish" not in ids(doc)
+
+
+@pytest.mark.parametrize("mount", [{"path": "/data", "bytes_pct": 95, "inodes_pct": 3},
+                                   {"path": "/data", "bytes_pct": 20, "inodes_pct": 97}])
+def test_disk_full_on_bytes_or_inodes(mount):
+    doc = rc.reconcile(facts(mounts=[mount, {"path": "/", "bytes_pct": 10, "inodes_pct": None}]))
+    assert ids(doc) == ["disk_full"]
+    assert "/data" in doc["attention"][0]["message"]
+
+
+def test_disk_94_is_fine():
+    assert rc.reconcile(facts(mounts=[{"path": "/data", "bytes_pct": 94, "inodes_pct": 94}]))["attention"] == []
+
+
+def test_oom_kill_counter_increase_since_the_attempt_start():
+    same = rc.reconcile(facts(attempts=[start(oom_kill=2)], cgroup={"oom_kill": 2}))
+    assert same["attention"] == []
+    more = rc.reconcile(facts(attempts=[start(oom_kill=2)], cgroup={"oom_kill": 3}))
+    assert ids(more) == ["oom_kill"]
+    no_baseline = rc.reconcile(facts(cgroup={"oom_kill": 1}))
+    assert ids(no_baseline) == ["oom_kill"]
+
+
+def test_cost_of_a_running_attempt_counts_up_to_now():
+    doc = rc.reconcile(facts(attempts=[start(at=NOW - 1800)]))
+    assert doc["cost_so_far"] == pytest.approx(1.0)
+    assert doc["elapsed_s"] == pytest.approx(1800)
+
+
+def test_cost_sums_ended_attempts_and_is_none_without_price():
+    attempts = [start(1, at=NOW - 7200), end(1, at=NOW - 3600, reason="preempted"), start(2, at=NOW - 1800)]
+    doc = rc.reconcile(facts(attempts=attempts, pid={"wrapper_pid": 1, "attempt": 2, "incarnation": INC}))
+    assert doc["cost_so_far"] == pytest.approx(3.0)
+    assert rc.reconcile(facts(job=job(price_per_hour=None)))["cost_so_far"] is None
+
+
+def test_dead_attempt_cost_stops_at_the_last_heartbeat():
+    doc = rc.reconcile(facts(wrapper_alive=False, job_alive=False, heartbeat_age_s=600.0))
+    assert doc["state"] == "dead"
+    assert doc["elapsed_s"] == pytest.approx(1200)
+
+
+def test_iso_timestamps():
+    assert rc.to_epoch("2027-01-15T08:00:00Z") == rc.to_epoch("2027-01-15T09:00:00+01:00")
+    assert rc.to_epoch("2027-01-15T08:00:00.5") == pytest.approx(rc.to_epoch("2027-01-15T08:00:00Z") + 0.5)
+    assert rc.to_epoch("garbage") is None and rc.to_epoch(12) == 12.0
+
+
+def test_log_scan_covers_the_current_attempt_only():
+    tail = ("== rgt attempt 1 started 2027-01-01T00:00:00Z resume_from=none\n" + "step=1 loss=nan\n"
+            "== rgt attempt 1 ended 2027-01-01T00:01:00Z reason=failed rc=3\n"
+            "== rgt attempt 2 started 2027-01-01T00:02:00Z resume_from=/r/ckpt/a\n" + "step=41 loss=0.3\n")
+    doc = rc.reconcile(facts(log_tail=tail, attempts=[start(1), end(1, reason="failed"), start(2)],
+                             pid={"wrapper_pid": 1, "job_pid": 2, "attempt": 2, "incarnation": INC}))
+    assert doc["attempt"] == 2 and doc["nonfinite_loss"] is None and doc["step"] == 41
+    same = rc.reconcile(facts(log_tail=tail.replace("step=41 loss=0.3", "step=41 loss=inf\nstep=42 loss=0.3"),
+                              attempts=[start(1), end(1, reason="failed"), start(2)],
+                              pid={"wrapper_pid": 1, "job_pid": 2, "attempt": 2, "incarnation": INC}))
+    assert same["nonfinite_loss"] == {"step": 41, "value": "inf"}
+
+
+def test_wrapper_style_records_iso_times_and_noted_dead_attempts():
+    attempts = [start(1, at="2027-01-15T08:00:00Z"),
+                {"attempt": 1, "ended_at": None, "rc": None, "signal": None, "reason": "dead", "noted_at": "x"},
+                start(2, at="2027-01-15T09:00:00Z")]
+    now = rc.to_epoch("2027-01-15T09:30:00Z")
+    doc = rc.reconcile(facts(now=now, attempts=attempts, pid={"wrapper_pid": 1, "attempt": 2, "incarnation": INC}))
+    assert doc["state"] == "running" and doc["elapsed_s"] == pytest.approx(1800)
