@@ -563,12 +563,15 @@ class StubHost:
         self._cut_method = None
 
     def _host_veth(self) -> str:
-        iflink = self._nsenter("cat", "/sys/class/net/eth0/iflink").stdout.strip()
+        # read the peer index inside the container: nsenter -n changes the netns, not the /sys mount, so
+        # reading /sys through nsenter would name the HOST's eth0 (and shape the machine's real uplink)
+        iflink = self.exec(["cat", "/sys/class/net/eth0/iflink"]).stdout.strip()
         for line in _run(["ip", "-o", "link"]).stdout.splitlines():
             idx, name = line.split(":", 2)[:2]
-            if idx.strip() == iflink:
-                return name.strip().split("@")[0]
-        raise StubError(f"{self.container}: host veth for ifindex {iflink} not found")
+            name = name.strip().split("@")[0]
+            if idx.strip() == iflink and name.startswith(("veth", "vnet")):
+                return name
+        raise StubError(f"{self.container}: host veth for ifindex {iflink} not found (refusing to guess)")
 
     def rate_limit(
         self, rate: str = "1mbit", burst: str = "32kbit", latency: str = "400ms", direction: str = "egress"

@@ -1,0 +1,408 @@
+# -*- coding: utf-8 -*-
+"""The shipped code tree: ignore rules, manifest, hash8, CRLF scan (docs/internals.md "Run spine").
+
+Pure stdlib, Python 3.6+: the manifest side runs on the controller (rgt_tree_manifest), the hashing side also on
+the box (rgt_tree_verify).
+
+- Ignore rules: ``.rgtignore`` in the tree's root when present, else ``.gitignore`` (root file only; nested
+  ignore files are not read). gitignore syntax: ``#`` comments, blank lines, ``!`` negation (last match wins),
+  trailing ``/`` = directories only, a ``/`` at the start or in the middle anchors the pattern to the root,
+  ``*``/``?``/``[...]`` never cross ``/``, ``**/`` = any number of directories, a trailing ``/**`` = everything
+  inside. As in git, a file inside an ignored directory cannot be re-included (the directory is not entered).
+- Always ignored, whatever the rules say: ``.git`` (dir or file), ``__pycache__/``, ``.rgt/``.
+- Symlinks are never followed and never shipped; they are listed (``symlinks``) so the caller can warn.
+  Other non-regular files (fifos, sockets, devices) are listed as ``special``.
+- Manifest: ``[{"path", "bytes", "sha256"}]`` sorted by path (code point order = UTF-8 byte order), SHA-256 read
+  in 1 MiB chunks. ``tree_hash`` = SHA-256 of the concatenated ``"<path>\\0<sha256>\\n"`` lines; hash8 = its first
+  8 hex digits (same tree => same ``code-<hash8>`` dir).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import os
+import re
+import stat
+
+CHUNK = 1024 * 1024
+ALWAYS_IGNORED_DIRS = ("__pycache__", ".rgt")
+ALWAYS_IGNORED_ANY = (".git",)
+IGNORE_FILES = (".rgtignore", ".gitignore")
+CRLF_GLOB_SUFFIX = ".sh"
+
+
+class TreeError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+
+
+def _translate_class(pat, i):
+    """Translate a [...] class starting at pat[i] == '['; returns (regex, next index) or (None, i) if unclosed."""
+    j = i + 1
+    if j < len(pat) and pat[j] in "!^":
+        j += 1
+    if j < len(pat) and pat[j] == "]":
+        j += 1
+    while j < len(pat) and pat[j] != "]":
+        j += 1
+    if j >= len(pat):
+        return None, i
+    body = pat[i + 1:j]
+    neg = body[:1] in ("!", "^")
+    if neg:
+        body = body[1:]
+    body = body.replace("\\", "\\\\")
+    return "[" + ("^/" if neg else "") + body + "]", j + 1
+
+
+def glob_to_regex(pat):
+    """gitignore glob (no leading/trailing '/') -> regex body, '/'-aware."""
+    out = []
+    i, n = 0, len(pat)
+    while i < n:
+        c = pat[i]
+        if c == "*":
+            if pat[i:i + 2] == "**":
+                at_start = i == 0 or pat[i - 1] == "/"
+                at_end = i + 2 == n or pat[i + 2] == "/"
+                if at_start and at_end:
+                    if i + 2 == n:
+                        out.append(".*")
+                        i += 2
+                    else:
+                        out.append("(?:.*/)?")
+                        i += 3
+                    continue
+                out.append("[^/]*")
+                i += 2
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            regex, nxt = _translate_class(pat, i)
+            if regex is None:
+                out.append(re.escape(c))
+            else:
+                out.append(regex)
+                i = nxt
+                continue
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(pat[i + 1]))
+            i += 2
+            continue
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+class Rule(object):
+    __slots__ = ("pattern", "negate", "dir_only", "regex")
+
+    def __init__(self, pattern, negate, dir_only, regex):
+        self.pattern = pattern
+        self.negate = negate
+        self.dir_only = dir_only
+        self.regex = regex
+
+    def matches(self, relpath, is_dir):
+        if self.dir_only and not is_dir:
+            return False
+        return self.regex.match(relpath) is not None
+
+
+def parse_rule(line):
+    """One ignore-file line -> Rule, or None for blanks and comments."""
+    line = line.rstrip("\n").rstrip("\r")
+    # trailing spaces are ignored unless escaped with a backslash
+    stripped = line.rstrip(" ")
+    if stripped.endswith("\\") and len(stripped) < len(line):
+        stripped += " "
+    line = stripped
+    if not line or line.startswith("#"):
+        return None
+    negate = False
+    if line.startswith("!"):
+        negate = True
+        line = line[1:]
+    elif line.startswith("\\!") or line.startswith("\\#"):
+        line = line[1:]
+    dir_only = False
+    while line.endswith("/") and not line.endswith("\\/"):
+        dir_only = True
+        line = line[:-1]
+    if not line:
+        return None
+    anchored = "/" in line
+    body = line[1:] if line.startswith("/") else line
+    if not body:
+        return None
+    regex = glob_to_regex(body)
+    if not anchored:
+        regex = "(?:.*/)?" + regex
+    return Rule(line, negate, dir_only, re.compile("^" + regex + "$", re.DOTALL))
+
+
+class IgnoreRules(object):
+    def __init__(self, lines=(), source=None):
+        self.source = source
+        self.rules = [r for r in (parse_rule(ln) for ln in lines) if r is not None]
+
+    @classmethod
+    def from_file(cls, path):
+        with open(path, "rb") as handle:
+            text = handle.read().decode("utf-8", "replace")
+        return cls(text.splitlines(), source=path)
+
+    def ignored(self, relpath, is_dir):
+        """gitignore verdict for a '/'-separated path relative to the root (last matching rule wins)."""
+        verdict = False
+        for rule in self.rules:
+            if rule.matches(relpath, is_dir):
+                verdict = not rule.negate
+        return verdict
+
+
+def always_ignored(name, is_dir):
+    return name in ALWAYS_IGNORED_ANY or (is_dir and name in ALWAYS_IGNORED_DIRS)
+
+
+def load_rules(root, ignore_file=None):
+    """The rules for root: ignore_file (absolute or relative to root; must exist) or .rgtignore else .gitignore."""
+    if ignore_file:
+        path = ignore_file if os.path.isabs(ignore_file) else os.path.join(root, ignore_file)
+        if not os.path.isfile(path):
+            raise TreeError("ignore file %s does not exist" % path)
+        return IgnoreRules.from_file(path)
+    for name in IGNORE_FILES:
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            return IgnoreRules.from_file(path)
+    return IgnoreRules()
+
+
+# ---------------------------------------------------------------------------------------------------- walk
+
+
+class Walk(object):
+    def __init__(self):
+        self.files = []  # relpaths of regular files to ship
+        self.symlinks = []  # relpaths of symlinks (never followed, never shipped)
+        self.special = []  # fifos, sockets, devices
+        self.undecodable = []  # names that are not valid UTF-8 (repr)
+        self.ignored_count = 0  # ignored entries; an ignored directory counts once
+
+
+def walk_tree(root, rules):
+    """Walk root (never following symlinks), applying rules; returns a Walk with sorted lists."""
+    if not os.path.isdir(root):
+        raise TreeError("%s is not a directory" % root)
+    result = Walk()
+    stack = [""]
+    while stack:
+        reldir = stack.pop()
+        absdir = os.path.join(root, reldir) if reldir else root
+        try:
+            entries = list(os.scandir(absdir))
+        except OSError as exc:
+            raise TreeError("cannot list %s: %s" % (absdir, exc)) from exc
+        for entry in entries:
+            name = entry.name
+            rel = reldir + "/" + name if reldir else name
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                result.undecodable.append(repr(rel))
+                continue
+            is_link = entry.is_symlink()
+            is_dir = (not is_link) and entry.is_dir(follow_symlinks=False)
+            if always_ignored(name, is_dir) or rules.ignored(rel, is_dir):
+                result.ignored_count += 1
+                continue
+            if is_link:
+                result.symlinks.append(rel)
+            elif is_dir:
+                stack.append(rel)
+            elif entry.is_file(follow_symlinks=False):
+                result.files.append(rel)
+            else:
+                result.special.append(rel)
+    for lst in (result.files, result.symlinks, result.special, result.undecodable):
+        lst.sort()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- hashing
+
+
+def file_digest(path, detect_crlf=False):
+    """(sha256 hex, bytes, has_crlf) of a file, read in 1 MiB chunks; has_crlf only when detect_crlf."""
+    h = hashlib.sha256()
+    size = 0
+    crlf = False
+    prev = b""
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(CHUNK)
+            if not block:
+                break
+            h.update(block)
+            size += len(block)
+            if detect_crlf and not crlf:
+                crlf = b"\r\n" in prev + block
+                prev = block[-1:]
+    return h.hexdigest(), size, crlf
+
+
+def tree_hash(manifest):
+    """SHA-256 hex of the sorted "relpath\\0sha256\\n" list (docs/internals.md); hash8 = first 8 digits."""
+    h = hashlib.sha256()
+    for item in sorted(manifest, key=lambda entry: entry["path"]):
+        h.update(item["path"].encode("utf-8") + b"\0" + item["sha256"].encode("ascii") + b"\n")
+    return h.hexdigest()
+
+
+def hash8(manifest):
+    return tree_hash(manifest)[:8]
+
+
+def build_manifest(root, ignore_file=None):
+    """Everything rgt_tree_manifest returns, as a dict."""
+    root = os.path.abspath(os.path.expanduser(root))
+    rules = load_rules(root, ignore_file)
+    walk = walk_tree(root, rules)
+    manifest = []
+    crlf = []
+    for rel in walk.files:
+        path = os.path.join(root, rel)
+        is_script = rel.endswith(CRLF_GLOB_SUFFIX)
+        try:
+            digest, size, has_crlf = file_digest(path, detect_crlf=is_script)
+        except (IOError, OSError) as exc:
+            raise TreeError("cannot read %s: %s" % (path, exc)) from exc
+        manifest.append({"path": rel, "bytes": size, "sha256": digest})
+        if has_crlf:
+            crlf.append(rel)
+    full = tree_hash(manifest)
+    return {
+        "src": root,
+        "ignore_file": rules.source,
+        "manifest": manifest,
+        "tree_sha256": full,
+        "hash8": full[:8],
+        "files": len(manifest),
+        "bytes": sum(item["bytes"] for item in manifest),
+        "crlf_scripts": crlf,
+        "ignored_count": walk.ignored_count,
+        "symlinks": walk.symlinks,
+        "special": walk.special,
+        "undecodable": walk.undecodable,
+    }
+
+
+def files_from_bytes(manifest):
+    """NUL-separated path list for `rsync --from0 --files-from=FILE`."""
+    return b"".join(item["path"].encode("utf-8") + b"\0" for item in manifest)
+
+
+# ---------------------------------------------------------------------------------------------------- verify
+
+
+def safe_relpath(rel):
+    """True for a relative, normalised path without '..' (manifest input is checked before any join)."""
+    if not rel or rel.startswith("/") or "\0" in rel:
+        return False
+    parts = rel.split("/")
+    return all(part not in ("", ".", "..") for part in parts)
+
+
+def verify_tree(root, manifest, list_limit=200):
+    """Compare root with a manifest: {exists, ok, mismatches, missing, extra, extra_count, files, bytes}.
+
+    A mismatch is a file whose size or SHA-256 differs, or a path that is not a regular file (a symlink
+    or a directory where a file should be). Extra files do not make ok false: a running job may write
+    __pycache__ into its code dir."""
+    doc = {"dir": root, "exists": os.path.isdir(root), "ok": False, "mismatches": [], "missing": [],
+           "missing_count": 0, "mismatch_count": 0, "extra": [], "extra_count": 0, "files": len(manifest),
+           "bytes": sum(int(item["bytes"]) for item in manifest)}
+    wanted = set()
+    for item in manifest:
+        if not safe_relpath(item["path"]):
+            raise TreeError("unsafe manifest path %r" % (item["path"],))
+        wanted.add(item["path"])
+    if not doc["exists"]:
+        doc["missing_count"] = len(manifest)
+        return doc
+    for item in sorted(manifest, key=lambda entry: entry["path"]):
+        path = os.path.join(root, item["path"])
+        try:
+            st = os.lstat(path)
+        except OSError:
+            doc["missing"].append(item["path"])
+            continue
+        expected_bytes = int(item["bytes"])
+        if not stat.S_ISREG(st.st_mode):
+            doc["mismatches"].append({"path": item["path"], "expected": item["sha256"], "actual": None,
+                                      "expected_bytes": expected_bytes, "actual_bytes": None,
+                                      "reason": "not a regular file"})
+            continue
+        digest, size, _ = file_digest(path) if st.st_size == expected_bytes else (None, st.st_size, False)
+        if size != expected_bytes or digest != item["sha256"]:
+            doc["mismatches"].append({"path": item["path"], "expected": item["sha256"], "actual": digest,
+                                      "expected_bytes": expected_bytes, "actual_bytes": size,
+                                      "reason": "size differs" if size != expected_bytes else "content differs"})
+    extra = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        reldir = os.path.relpath(dirpath, root)
+        reldir = "" if reldir == "." else reldir.replace(os.sep, "/")
+        names = list(filenames)
+        for d in list(dirnames):  # os.walk lists symlinks to dirs as dirs and does not follow them
+            if os.path.islink(os.path.join(dirpath, d)):
+                names.append(d)
+        for name in names:
+            rel = reldir + "/" + name if reldir else name
+            if rel not in wanted:
+                extra.append(rel)
+    extra.sort()
+    doc["missing_count"] = len(doc["missing"])
+    doc["mismatch_count"] = len(doc["mismatches"])
+    doc["extra_count"] = len(extra)
+    doc["extra_all"] = extra
+    doc["extra"] = extra[:list_limit]
+    doc["missing"] = doc["missing"][:list_limit]
+    doc["mismatches"] = doc["mismatches"][:list_limit]
+    doc["ok"] = not doc["mismatches"] and doc["missing_count"] == 0
+    return doc
+
+
+def remove_extra(root, extra, keep):
+    """Delete extra files (and directories left empty that hold no kept file) under root; returns the count."""
+    removed = 0
+    for rel in extra:
+        if not safe_relpath(rel):
+            continue
+        path = os.path.join(root, rel)
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            continue
+    keep_dirs = set()
+    for rel in keep:
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            keep_dirs.add("/".join(parts[:i]))
+    for dirpath, _dirnames, _files in sorted(os.walk(root, topdown=False), key=lambda t: -len(t[0])):
+        rel = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        if rel == "." or rel in keep_dirs:
+            continue
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,154 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: rgt_tree_manifest
+short_description: Manifest a local code tree (ignore rules, SHA-256 per file, hash8, CRLF scripts)
+version_added: "0.1.0"
+description:
+  - Run on the controller (C(delegate_to: localhost)). Walks I(src) without following symlinks, applies the
+    tree's ignore rules (C(.rgtignore) when present, else C(.gitignore); gitignore syntax) and always leaves out
+    C(.git), C(__pycache__/) and C(.rgt/).
+  - Returns the manifest sorted by path, each file's SHA-256 (read in 1 MiB chunks), and C(hash8), the first
+    8 hex digits of the SHA-256 of the sorted C(relpath\0sha256\n) list, which names the box's C(code-<hash8>)
+    directory (docs/internals.md, "Run spine").
+  - Lists C(*.sh) files with CRLF line ends, and symlinks (skipped with a warning, never followed).
+  - With I(files_from), writes the NUL-separated path list for C(rsync --from0 --files-from=FILE).
+author:
+  - rgt contributors
+options:
+  src:
+    description: The local directory to ship.
+    type: path
+    required: true
+  ignore_file:
+    description:
+      - Use this ignore file instead of C(.rgtignore)/C(.gitignore) (absolute, or relative to I(src)). Must exist.
+    type: path
+  files_from:
+    description: Write the NUL-separated list of the manifest's paths to this file (mode 0600).
+    type: path
+notes:
+  - Reads only; writing I(files_from) is the one side effect, and it happens in check mode too (it is a scratch
+    file on the controller). C(changed) is always false.
+"""
+
+EXAMPLES = r"""
+- name: Manifest the code tree
+  rgt.remote_gpu.rgt_tree_manifest:
+    src: "{{ playbook_dir }}/../src"
+    files_from: /tmp/rgt-upload/code.files
+  delegate_to: localhost
+  register: tree
+"""
+
+RETURN = r"""
+src:
+  description: Absolute path of the tree.
+  returned: always
+  type: str
+ignore_file:
+  description: The ignore file applied, or null.
+  returned: always
+  type: str
+manifest:
+  description: Shipped files, sorted by path.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "train.py", "bytes": 1234, "sha256": "9f86d0..."}]
+hash8:
+  description: First 8 hex digits of tree_sha256; the box directory is code-<hash8>.
+  returned: always
+  type: str
+  sample: 0123abcd
+tree_sha256:
+  description: SHA-256 of the sorted "relpath\0sha256\n" list.
+  returned: always
+  type: str
+files:
+  description: Number of files shipped.
+  returned: always
+  type: int
+bytes:
+  description: Total size of the shipped files.
+  returned: always
+  type: int
+crlf_scripts:
+  description: Paths (relative to src) of *.sh files containing CRLF line ends.
+  returned: always
+  type: list
+  elements: str
+ignored_count:
+  description: Entries left out by the ignore rules (an ignored directory counts once).
+  returned: always
+  type: int
+symlinks:
+  description: Symlinks found and skipped (never followed, never shipped).
+  returned: always
+  type: list
+  elements: str
+special:
+  description: Non-regular files skipped (fifos, sockets, devices).
+  returned: always
+  type: list
+  elements: str
+files_from:
+  description: Path of the written list, or null.
+  returned: always
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_tree import (
+    TreeError,
+    build_manifest,
+    files_from_bytes,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            src=dict(type="path", required=True),
+            ignore_file=dict(type="path"),
+            files_from=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    src = module.params["src"]
+    try:
+        doc = build_manifest(src, module.params["ignore_file"])
+    except TreeError as exc:
+        module.fail_json(msg="cannot manifest %s: %s" % (src, exc))
+    for rel in doc["symlinks"]:
+        module.warn("skipping symlink %s (rgt never follows or ships symlinks; copy the target into the tree)"
+                    % rel)
+    for rel in doc["special"]:
+        module.warn("skipping non-regular file %s" % rel)
+    for rel in doc["undecodable"]:
+        module.warn("skipping %s: the name is not valid UTF-8" % rel)
+    doc["files_from"] = None
+    target = module.params["files_from"]
+    if target:
+        directory = os.path.dirname(target) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory, 0o700)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(files_from_bytes(doc["manifest"]))
+        doc["files_from"] = target
+    module.exit_json(changed=False, **doc)
+
+
+if __name__ == "__main__":
+    main()
