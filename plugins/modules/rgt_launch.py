@@ -1,0 +1,560 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ansible module: launch (or relaunch) a run's job wrapper detached, exactly once (rgt launch_detached)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: rgt_launch
+short_description: Launch a training run detached on the box, never twice (tmux or setsid)
+version_added: "0.1.0"
+description:
+  - Decides from the run's records on the box (C(<run_dir>/.rgt/)) whether to start the job wrapper, and
+    starts it detached so the call returns at once. The layout and file contracts are in
+    C(docs/internals.md) ("Run spine").
+  - A live run (the wrapper's lock is held, or its pid is alive under the same incarnation) is reported and
+    left alone (C(changed=false), C(state=running)). A finished run is reported (C(state=finished)); pass a new
+    C(rgt_job.run_id) to start another. A failed run is reported (C(state=failed)) unless
+    O(relaunch_failed=true).
+  - A run never launched is launched as attempt 1. A preempted, killed or dead run (wrapper gone without an
+    C(exit.json), for example after a reboot) is relaunched as attempt n+1 when O(relaunch=true); the job
+    resumes from the newest complete checkpoint (C(RGT_RESUME_FROM)).
+  - "Before a launch: the disk gate (free GiB on the durable root below O(disk_floor_gib) fails with C(rc_hint: 3)
+    and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper files
+    (O(wrapper_content), O(runlayout_content), written only when different), and C(job.json) (atomic)."
+  - After the start it waits until the wrapper's heartbeat names the new attempt (at most
+    O(first_heartbeat_timeout_s)); it never waits for the job itself.
+  - Secrets never reach an argv; the wrapper sources O(secrets_file) inside bash.
+options:
+  durable_root:
+    description: Durable root of the run layout; C(~) and C({user}) are expanded on the box.
+    type: str
+    required: true
+  project:
+    description: Project directory under the durable root.
+    type: str
+    default: rgt
+  run_id:
+    description: The run's identity (C(rgt_job.run_id | default(rgt_job.name))), C(^[A-Za-z0-9._-]+$).
+    type: str
+    required: true
+  job:
+    description:
+      - The job spec (C(rgt_job)). Used keys - C(command) (required), C(python) (absolute interpreter path,
+        required; runs the wrapper too), C(env), C(checkpoint.glob), C(outputs), C(log_patterns),
+        C(expected_duration_s), C(price_per_hour), C(auto_resume), C(heartbeat_interval_s),
+        C(gpu_sample_interval_s), C(stall_after_s). Other keys are ignored.
+    type: dict
+    required: true
+  code_dir:
+    description:
+      - Absolute path of the C(code-<hash8>) directory to run. Required for a first launch.
+      - A relaunch keeps C(job.json)'s code_dir unless this is given and O(use_new_code=true).
+    type: path
+  use_new_code:
+    description: On a relaunch, run O(code_dir) instead of the code the run started with.
+    type: bool
+    default: true
+  secrets_file:
+    description: Box-local secrets file (C(NAME=value) lines) the wrapper sources; must exist when given.
+    type: str
+  proxy_hook:
+    description: Shell line run before the command (profile C(network.proxy_hook)); may carry credentials.
+    type: str
+  network_env:
+    description: Profile network environment (merged under the job's C(env)); a leading C(~) is expanded.
+    type: dict
+    default: {}
+  grace_s:
+    description: Seconds the job gets between the forwarded SIGTERM and SIGKILL on a stop.
+    type: int
+    default: 30
+  omp_num_threads:
+    description: C(OMP_NUM_THREADS) for the job. Null computes it from the cgroup CPU quota (floor, at least 1;
+      unset when there is no quota).
+    type: int
+  disk_floor_gib:
+    description: Minimum free GiB on the durable root for a launch (the disk gate). 0 disables it.
+    type: float
+    default: 1.0
+  detach:
+    description: How to detach. C(auto) uses tmux when it is on PATH, else setsid/nohup with a warning.
+      C(tmux) fails when tmux is missing.
+    type: str
+    choices: [tmux, nohup, auto]
+    default: auto
+  wrapper_src:
+    description: Path on the box of the wrapper to run; default C(<run_dir>/.rgt/wrapper.py).
+    type: path
+  wrapper_content:
+    description: Source of the wrapper (the role's C(files/rgt_wrapper.py)); installed as
+      C(<run_dir>/.rgt/wrapper.py), mode 0755, at launch when different.
+    type: str
+  runlayout_content:
+    description: Source of C(rgt_runlayout.py), installed next to the wrapper (mode 0644) at launch when different.
+    type: str
+  relaunch:
+    description: Relaunch a preempted, killed or dead run as attempt n+1.
+    type: bool
+    default: true
+  relaunch_failed:
+    description: Also relaunch a run whose last attempt failed (non-zero exit).
+    type: bool
+    default: false
+  first_heartbeat_timeout_s:
+    description: Seconds to wait for the wrapper's first heartbeat of the new attempt.
+    type: int
+    default: 30
+notes:
+  - Check mode is supported; it reports what would be done and writes nothing.
+  - C(nohup) detaching runs the wrapper in a new session (C(setsid)), stdin C(/dev/null), output appended to
+    C(logs/wrapper.log); a new session has no controlling terminal, so no hangup reaches it.
+author:
+  - rgt contributors
+"""
+
+EXAMPLES = r"""
+- name: Launch the run (or report it live/finished)
+  rgt.remote_gpu.rgt_launch:
+    durable_root: /root/autodl-tmp
+    project: demo
+    run_id: tiny-001
+    job:
+      command: python train.py --steps 2000
+      python: /root/miniconda3/bin/python
+    code_dir: /root/autodl-tmp/demo/active/tiny-001/code-1a2b3c4d
+    wrapper_content: "{{ lookup('ansible.builtin.file', 'rgt_wrapper.py', rstrip=false) }}"
+  register: launch
+"""
+
+RETURN = r"""
+state:
+  description: running (started now or already live), finished, failed, preempted, dead or not_started (the
+    last three only when nothing was started, for example O(relaunch=false) or check mode).
+  returned: always
+  type: str
+action:
+  description: What the call did - C(launch), C(relaunch) or C(none).
+  returned: always
+  type: str
+attempt:
+  description: The attempt now running (or the last one).
+  returned: always
+  type: int
+run_dir:
+  description: The run directory on the box (roots expanded).
+  returned: always
+  type: str
+session:
+  description: The tmux session name of the run (C(rgt-<run_id>)).
+  returned: always
+  type: str
+detach:
+  description: The primitive used for this launch (tmux or nohup), or null when nothing was started.
+  returned: always
+  type: str
+pid:
+  description: The wrapper's pid.
+  returned: when known
+  type: int
+omp_num_threads:
+  description: The OMP_NUM_THREADS written into job.json (null = not set).
+  returned: always
+  type: int
+resume_from:
+  description: The checkpoint the new attempt resumes from (null for none).
+  returned: on launch
+  type: str
+code_dir:
+  description: The code directory the run uses.
+  returned: always
+  type: str
+exit:
+  description: The last exit.json, when there is one.
+  returned: always
+  type: dict
+rc_hint:
+  description: 3 when the disk gate refused the launch.
+  returned: on failure
+  type: int
+"""
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import time
+from shlex import quote
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+CGROUP_ROOT = "/sys/fs/cgroup"
+DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
+def cgroup_cpu_quota():
+    """(quota_us, period_us) of this process's cgroup (v2 cpu.max, v1 cfs), (None, None) when unlimited."""
+    own = rgt_host.parse_proc_cgroup(read("/proc/self/cgroup") or "")
+    if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+        candidates = []
+        if own["v2"]:
+            candidates.append(os.path.join(CGROUP_ROOT, own["v2"].lstrip("/"), "cpu.max"))
+        candidates.append(os.path.join(CGROUP_ROOT, "cpu.max"))
+        for path in candidates:
+            text = read(path)
+            if text:
+                return rgt_host.parse_cpu_max(text)
+        return None, None
+    for sub in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        base = os.path.join(CGROUP_ROOT, sub)
+        quota = read(os.path.join(base, "cpu.cfs_quota_us"))
+        if quota is not None:
+            return rgt_host.parse_cfs(quota, read(os.path.join(base, "cpu.cfs_period_us")))
+    return None, None
+
+
+def omp_from_quota(quota, period):
+    """floor(quota / period), at least 1; None when there is no quota."""
+    if not quota or not period or quota <= 0:
+        return None
+    return max(1, int(quota // period))
+
+
+def free_gib(path):
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    st = os.statvfs(probe or "/")
+    return st.f_bavail * st.f_frsize / float(1 << 30), probe
+
+
+def lock_held(lock_path):
+    """True when another process holds the run's flock (the wrapper)."""
+    if not os.path.exists(lock_path):
+        return False
+    try:
+        handle = open(lock_path, "a+")
+    except (IOError, OSError):
+        return False
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (IOError, OSError):
+        return True
+    finally:
+        handle.close()  # closing releases a lock we may have taken
+    return False
+
+
+def wrapper_alive(paths, pid_doc, current_incarnation):
+    if lock_held(paths.lock):
+        return True
+    if not pid_doc or pid_doc.get("incarnation") != current_incarnation:
+        return False
+    pid = pid_doc.get("wrapper_pid")
+    if not rl.pid_alive(pid):
+        return False
+    cmdline = read("/proc/%d/cmdline" % int(pid)) or ""
+    return paths.run_dir in cmdline
+
+
+def last_state(paths, records, exit_doc):
+    """never | finished | failed | preempted | killed | dead (started, no exit record for the last attempt)."""
+    starts = [r for r in records if "started_at" in r]
+    if not starts and not exit_doc:
+        return "never"
+    last = max([r.get("attempt") or 0 for r in starts] or [0])
+    if exit_doc and (exit_doc.get("attempt") or 0) >= last:
+        return exit_doc.get("reason") or "dead"
+    return "dead"
+
+
+def tail(path, lines=20):
+    text = read(path) or ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def expand_env(env):
+    out = {}
+    for name, value in (env or {}).items():
+        value = "" if value is None else str(value)
+        if value == "~" or value.startswith("~/"):
+            value = rl.expand_root(value)
+        out[str(name)] = value
+    return out
+
+
+def install(path, content, mode):
+    """Write content atomically when it differs; True when written."""
+    if content is None:
+        return False
+    data = content.encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            if handle.read() == data:
+                if (os.stat(path).st_mode & 0o7777) != mode:
+                    os.chmod(path, mode)
+                    return True
+                return False
+    except (IOError, OSError):
+        pass
+    rl.atomic_write(path, data, mode)
+    return True
+
+
+def tmux_env():
+    env = dict(os.environ)
+    env.pop("TMUX", None)
+    env.pop("TMUX_PANE", None)
+    return env
+
+
+def tmux_has(tmux, session):
+    return subprocess.call([tmux, "has-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=tmux_env()) == 0
+
+
+def start_tmux(module, tmux, session, python, wrapper, run_dir):
+    if tmux_has(tmux, session):  # a leftover of a dead run (the wrapper is not alive: checked before)
+        subprocess.call([tmux, "kill-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, env=tmux_env())
+    line = "exec %s" % " ".join(quote(x) for x in (python, wrapper, run_dir))
+    proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, line], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=tmux_env(),
+                            universal_newlines=True)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        module.fail_json(msg="tmux new-session failed (rc %s): %s" % (proc.returncode, (err or out).strip()),
+                         session=session)
+
+
+def start_nohup(paths, python, wrapper):
+    log = open(os.path.join(paths.logs, "wrapper.log"), "ab")
+    try:
+        proc = subprocess.Popen([python, wrapper, paths.run_dir], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=paths.run_dir, start_new_session=True,
+                                close_fds=True)
+    finally:
+        log.close()
+    return proc
+
+
+def job_document(module, paths, job, code_dir, omp, python, secrets_file):
+    p = module.params
+    checkpoint = job.get("checkpoint") or {}
+    patterns = dict(DEFAULT_LOG_PATTERNS)
+    patterns.update(job.get("log_patterns") or {})
+    env = expand_env(p["network_env"])
+    env.update(dict((str(k), "" if v is None else str(v)) for k, v in (job.get("env") or {}).items()))
+    return {
+        "schema": 1,
+        "run_id": paths.run_id,
+        "project": paths.project,
+        "run_dir": paths.run_dir,
+        "command": job["command"],
+        "python": python,
+        "code_dir": code_dir,
+        "env": env,
+        "secrets_file": secrets_file,
+        "proxy_hook": p["proxy_hook"] or None,
+        "grace_s": p["grace_s"],
+        "ckpt_glob": checkpoint.get("glob") or "*",
+        "outputs": list(job.get("outputs") or []),
+        "log_patterns": patterns,
+        "expected_duration_s": job.get("expected_duration_s"),
+        "price_per_hour": job.get("price_per_hour"),
+        "heartbeat_interval_s": job.get("heartbeat_interval_s") or 5,
+        "gpu_sample_interval_s": job.get("gpu_sample_interval_s") or 30,
+        "stall_after_s": job.get("stall_after_s") or 600,
+        "omp_num_threads": omp,
+        "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "attempt_policy": {"auto_resume": bool(job.get("auto_resume", True))},
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            durable_root=dict(type="str", required=True),
+            project=dict(type="str", default="rgt"),
+            run_id=dict(type="str", required=True),
+            job=dict(type="dict", required=True),
+            code_dir=dict(type="path"),
+            use_new_code=dict(type="bool", default=True),
+            secrets_file=dict(type="str"),
+            proxy_hook=dict(type="str", no_log=True),
+            network_env=dict(type="dict", default={}),
+            grace_s=dict(type="int", default=30),
+            omp_num_threads=dict(type="int"),
+            disk_floor_gib=dict(type="float", default=1.0),
+            detach=dict(type="str", choices=["tmux", "nohup", "auto"], default="auto"),
+            wrapper_src=dict(type="path"),
+            wrapper_content=dict(type="str"),
+            runlayout_content=dict(type="str"),
+            relaunch=dict(type="bool", default=True),
+            relaunch_failed=dict(type="bool", default=False),
+            first_heartbeat_timeout_s=dict(type="int", default=30),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    job = p["job"]
+    if not RUN_ID_RE.match(p["run_id"]):
+        module.fail_json(msg="run_id %r must match ^[A-Za-z0-9._-]+$" % p["run_id"])
+    if not job.get("command"):
+        module.fail_json(msg="rgt_job.command is required: the shell command that trains (run in code_dir)")
+    python = job.get("python")
+    if not python or not os.path.isabs(rl.expand_root(python)):
+        module.fail_json(msg="rgt_job.python must be the absolute path of the box's interpreter (never guessed)")
+    python = rl.expand_root(python)
+
+    root = rl.expand_root(p["durable_root"])
+    paths = rl.RunPaths(root, p["project"], p["run_id"])
+    session = paths.session()
+    inc = rl.incarnation()
+    records = rl.read_jsonl(paths.attempts)
+    exit_doc = rl.read_json(paths.exit)
+    pid_doc = rl.read_json(paths.pid)
+    old_job = rl.read_json(paths.job) or {}
+    result = dict(changed=False, run_dir=paths.run_dir, session=session, detach=None, exit=exit_doc,
+                  code_dir=old_job.get("code_dir"), omp_num_threads=old_job.get("omp_num_threads"),
+                  attempt=len([r for r in records if "started_at" in r]), action="none")
+
+    # 1. live: never started twice
+    if wrapper_alive(paths, pid_doc, inc):
+        attempt = (pid_doc or {}).get("attempt") or result["attempt"]
+        result.update(state="running", attempt=attempt, pid=(pid_doc or {}).get("wrapper_pid"),
+                      msg="live run %s (attempt %s) is running: not started twice" % (p["run_id"], attempt))
+        module.exit_json(**result)
+
+    state = last_state(paths, records, exit_doc)
+    if state == "finished":
+        result.update(state="finished", msg="run %s finished (attempt %s): pass a new rgt_job.run_id to start "
+                      "another run" % (p["run_id"], exit_doc.get("attempt")))
+        module.exit_json(**result)
+    if state == "failed" and not p["relaunch_failed"]:
+        result.update(state="failed", msg="run %s failed (attempt %s, rc %s): not relaunched; read %s, fix and "
+                      "pass relaunch_failed=true or a new rgt_job.run_id"
+                      % (p["run_id"], exit_doc.get("attempt"), exit_doc.get("rc"), paths.log))
+        module.exit_json(**result)
+    shown = {"never": "not_started", "killed": "dead"}.get(state, state)
+    if state != "never" and not p["relaunch"]:
+        result.update(state=shown, msg="run %s is %s; relaunch is off: nothing started" % (p["run_id"], shown))
+        module.exit_json(**result)
+
+    # 2. what to run
+    code_dir = old_job.get("code_dir") if state != "never" else None
+    if p["code_dir"] and (p["use_new_code"] or not code_dir):
+        code_dir = p["code_dir"]
+    if not code_dir:
+        module.fail_json(msg="code_dir is required for the first launch of %s (the code-<hash8> dir upload_resume "
+                             "shipped)" % p["run_id"], **result)
+    code_dir = rl.expand_root(code_dir)
+    if not os.path.isdir(code_dir):
+        module.fail_json(msg="code_dir %s does not exist on the box (run upload_resume first)" % code_dir, **result)
+    secrets_file = rl.expand_root(p["secrets_file"]) if p["secrets_file"] else None
+    if secrets_file and not os.path.isfile(secrets_file):
+        module.fail_json(msg="secrets file %s is missing: run env_check (it writes it)" % secrets_file, **result)
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        module.fail_json(msg="rgt_job.python %s does not exist or is not executable" % python, **result)
+
+    # 3. the disk gate
+    if p["disk_floor_gib"] and p["disk_floor_gib"] > 0:
+        free, measured = free_gib(root)
+        if free < p["disk_floor_gib"]:
+            module.fail_json(msg="DISK_GATE: %.2f GiB free on %s is below the floor of %.2f GiB: nothing started. "
+                                 "Free space (prune old checkpoints, caches) or lower disk_floor_gib."
+                                 % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
+                             **result)
+
+    omp = p["omp_num_threads"]
+    if omp is None:
+        omp = omp_from_quota(*cgroup_cpu_quota())
+    elif omp <= 0:
+        omp = None
+
+    detach = p["detach"]
+    tmux = shutil.which("tmux")
+    if detach == "tmux" and not tmux:
+        module.fail_json(msg="detach=tmux but tmux is not on PATH: install tmux or use detach nohup", **result)
+    if detach == "auto":
+        detach = "tmux" if tmux else "nohup"
+        if not tmux:
+            module.warn("tmux is not installed on the box: the wrapper runs under setsid/nohup instead (it does "
+                        "not survive what kills the login session on platforms that reap nohup jobs)")
+
+    action = "launch" if state == "never" else "relaunch"
+    attempt = result["attempt"] + 1
+    result.update(changed=True, action=action, attempt=attempt, detach=detach, code_dir=code_dir,
+                  omp_num_threads=omp)
+    if module.check_mode:
+        result.update(state=shown, msg="would %s %s as attempt %d (%s)" % (action, p["run_id"], attempt, detach))
+        module.exit_json(**result)
+
+    # 4. layout, wrapper files, job.json
+    for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+    wrapper = p["wrapper_src"] or paths.wrapper
+    install(paths.wrapper, p["wrapper_content"], 0o755)
+    install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    if not os.path.isfile(wrapper):
+        module.fail_json(msg="no wrapper at %s (pass wrapper_content or wrapper_src)" % wrapper, **result)
+    doc = job_document(module, paths, job, code_dir, omp, python, secrets_file)
+    rl.atomic_write_json(paths.job, doc, 0o600)  # the proxy hook may carry credentials
+
+    # 5. start detached, then wait for the first heartbeat of this attempt
+    proc = None
+    if detach == "tmux":
+        start_tmux(module, tmux, session, python, wrapper, paths.run_dir)
+    else:
+        proc = start_nohup(paths, python, wrapper)
+    deadline = time.time() + max(1, p["first_heartbeat_timeout_s"])
+    while True:
+        beat = rl.read_json(paths.heartbeat) or {}
+        done = rl.read_json(paths.exit) or {}
+        if beat.get("attempt") == attempt or done.get("attempt") == attempt:
+            break
+        if proc is not None and proc.poll() is not None and not os.path.exists(paths.heartbeat):
+            deadline = min(deadline, time.time() + 1)
+        if time.time() > deadline:
+            module.fail_json(msg="the wrapper of %s did not report attempt %d within %ss. job.log tail:\n%s\n"
+                                 "wrapper.log tail:\n%s" % (p["run_id"], attempt, p["first_heartbeat_timeout_s"],
+                                                            tail(paths.log),
+                                                            tail(os.path.join(paths.logs, "wrapper.log"))),
+                             **result)
+        time.sleep(0.1)
+
+    pid_doc = rl.read_json(paths.pid) or {}
+    starts = [r for r in rl.read_jsonl(paths.attempts) if r.get("attempt") == attempt and "started_at" in r]
+    result.update(state="running", pid=pid_doc.get("wrapper_pid"), exit=rl.read_json(paths.exit),
+                  resume_from=starts[-1].get("resume_from") if starts else None,
+                  msg="%s %s: attempt %d under %s (session %s)%s"
+                      % ("launched" if action == "launch" else "relaunched", p["run_id"], attempt, detach,
+                         session if detach == "tmux" else "-",
+                         ", resuming from " + starts[-1]["resume_from"]
+                         if starts and starts[-1].get("resume_from") else ""))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

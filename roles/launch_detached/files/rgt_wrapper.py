@@ -1,0 +1,343 @@
+"""rgt job wrapper: one instance per run, started detached (tmux or setsid) by the rgt_launch module.
+
+Usage: <python> <run_dir>/.rgt/wrapper.py <run_dir>
+
+Contract: docs/internals.md "Run spine". It reads <run_dir>/.rgt/job.json, holds an exclusive flock on
+.rgt/lock for its whole life (a second instance prints "already running" and exits 0), numbers the attempt,
+starts the job command in its own process group with the rgt job environment, records pid, heartbeat, GPU
+samples and the attempt, forwards stop signals (TERM, INT, HUP) to the job's group with the grace window,
+and writes .rgt/exit.json atomically when the job ends. Secrets are sourced inside bash from the secrets
+file: their values never appear in any argv.
+
+Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the role copies it there).
+"""
+
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from shlex import quote as shell_quote
+
+try:  # on the box: the copy next to this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import rgt_runlayout as rl
+except ImportError:  # in the repo (unit tests)
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+finally:
+    del sys.path[0]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
+GPU_HEADER = "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c"
+DEFAULTS = {"heartbeat_interval_s": 5, "gpu_sample_interval_s": 30, "grace_s": 30, "ckpt_glob": "*"}
+TICK_S = 0.2
+
+
+def now_iso(ts=None):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+
+
+def paths_for(run_dir):
+    """RunPaths of <durable_root>/<project>/active/<run_id> from the run directory itself."""
+    run_dir = os.path.abspath(run_dir)
+    run_id = os.path.basename(run_dir)
+    project_dir = os.path.dirname(os.path.dirname(run_dir))
+    return rl.RunPaths(os.path.dirname(project_dir), os.path.basename(project_dir), run_id)
+
+
+# ---------------------------------------------------------------- pure parts (unit tested)
+
+def attempt_starts(records):
+    return [r for r in records if "started_at" in r]
+
+
+def next_attempt(records):
+    """Attempt number for a new start: the number of start lines in attempts.jsonl + 1."""
+    return len(attempt_starts(records)) + 1
+
+
+def unfinished_attempts(records):
+    """Attempts with a start line but no end line (the wrapper vanished: SIGKILL, reboot, container stop)."""
+    ended = set(r.get("attempt") for r in records if "ended_at" in r)
+    return [r.get("attempt") for r in attempt_starts(records) if r.get("attempt") not in ended]
+
+
+def classify(rc, stop_signal=None):
+    """(reason, signal) for a job's end. A stop signal to the wrapper makes it `preempted` whatever rc;
+    otherwise rc 0 -> finished, rc > 0 -> failed, rc < 0 (killed by signal -rc, e.g. -9 OOM) -> killed."""
+    sig = -rc if rc is not None and rc < 0 else None
+    if stop_signal:
+        return "preempted", sig
+    if rc == 0:
+        return "finished", None
+    if sig is not None:
+        return "killed", sig
+    return "failed", None
+
+
+def signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except (AttributeError, ValueError):
+        return "SIG%d" % signum
+
+
+def build_env(job, paths, attempt, resume_from, base_env):
+    """The job's environment: inherited env, PYTHONUNBUFFERED, OMP_NUM_THREADS, job env (profile network env
+    merged in by the launcher), then the RGT_* variables, which always win. Secrets are not here: bash
+    sources the secrets file."""
+    env = dict(base_env)
+    env.pop("TMUX", None)
+    env.pop("TMUX_PANE", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    threads = job.get("omp_num_threads")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(int(threads))
+    for name, value in (job.get("env") or {}).items():
+        env[str(name)] = "" if value is None else str(value)
+    env.update({
+        "RGT_RUN_ID": str(job.get("run_id") or paths.run_id),
+        "RGT_ATTEMPT": str(attempt),
+        "RGT_RUN_DIR": paths.run_dir,
+        "RGT_CKPT_DIR": paths.ckpt,
+        "RGT_OUT_DIR": paths.out,
+        "RGT_RESUME_FROM": resume_from or "",
+        "RGT_PREEMPT_FILE": paths.preempt,
+    })
+    return env
+
+
+def build_script(job):
+    """The bash -c script: proxy hook, secrets (sourced with allexport), cd to the code, exec the command.
+    Null parts are skipped; a missing secrets file or code dir stops the attempt before the command runs."""
+    parts = []
+    if job.get("proxy_hook"):
+        parts.append(job["proxy_hook"])
+    if job.get("secrets_file"):
+        parts.append("set -a; . %s || exit 98; set +a" % shell_quote(job["secrets_file"]))
+    if job.get("code_dir"):
+        parts.append("cd %s || exit 97" % shell_quote(job["code_dir"]))
+    parts.append("exec %s" % job["command"])
+    return "\n".join(parts)
+
+
+def select_resume(job, paths):
+    """Newest complete checkpoint under ckpt/ matching job.ckpt_glob, or None."""
+    return rl.newest_checkpoint(paths.ckpt, job.get("ckpt_glob") or DEFAULTS["ckpt_glob"])
+
+
+def gpu_rows(text, ts):
+    """nvidia-smi csv,noheader,nounits rows -> gpu.csv lines (ts first); malformed rows dropped."""
+    lines = []
+    for row in (text or "").splitlines():
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        lines.append(",".join(["%.0f" % ts] + cells))
+    return lines
+
+
+# ---------------------------------------------------------------- the wrapper
+
+class Wrapper:
+    def __init__(self, run_dir):
+        self.paths = paths_for(run_dir)
+        self.job = None
+        self.proc = None
+        self.pgid = None
+        self.attempt = None
+        self.stop_signal = None
+        self.kill_deadline = None
+        self.grace_s = DEFAULTS["grace_s"]
+        self.lock_handle = None
+
+    # -- lock
+    def take_lock(self):
+        import fcntl
+        self.lock_handle = open(self.paths.lock, "a+")
+        try:
+            fcntl.flock(self.lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        return True
+
+    # -- signals
+    def on_stop(self, signum, _frame):
+        if self.stop_signal:
+            return  # already stopping: the grace window runs from the first signal
+        self.stop_signal = signal_name(signum)
+        try:
+            with open(self.paths.preempt, "a") as handle:
+                handle.write("%s %s\n" % (self.stop_signal, now_iso()))
+        except OSError:
+            pass
+        self.forward_stop()
+
+    def forward_stop(self):
+        if self.proc is None or self.kill_deadline is not None:
+            return
+        self.kill_deadline = time.time() + self.grace_s
+        self.killpg(signal.SIGTERM)
+
+    def killpg(self, signum):
+        if self.pgid is None:
+            return
+        try:
+            os.killpg(self.pgid, signum)
+        except OSError:
+            pass
+
+    # -- records
+    def heartbeat(self, job_alive):
+        try:
+            rl.atomic_write_json(self.paths.heartbeat, {"ts": round(time.time(), 3), "attempt": self.attempt,
+                                                        "job_alive": bool(job_alive)})
+        except OSError:
+            pass  # a full disk must not kill the wrapper; the job keeps running
+
+    def sample_gpu(self, smi):
+        if not smi:
+            return
+        try:
+            proc = subprocess.Popen([smi, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+            try:
+                out, _err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return
+            if proc.returncode != 0:
+                return
+            lines = gpu_rows(out, time.time())
+            if not lines:
+                return
+            new = not os.path.exists(self.paths.gpu) or os.path.getsize(self.paths.gpu) == 0
+            with open(self.paths.gpu, "a") as handle:
+                if new:
+                    handle.write(GPU_HEADER + "\n")
+                handle.write("\n".join(lines) + "\n")
+        except (OSError, ValueError):
+            pass
+
+    def close_previous(self, records):
+        """Fold the previous attempt's exit.json into history and note attempts whose wrapper vanished."""
+        previous = rl.read_json(self.paths.exit)
+        ended = set(r.get("attempt") for r in records if "ended_at" in r)
+        if previous and previous.get("attempt") not in ended:
+            record = dict((k, previous.get(k)) for k in ("attempt", "ended_at", "rc", "signal", "reason"))
+            rl.append_jsonl(self.paths.attempts, record)
+            ended.add(previous.get("attempt"))
+        beat = rl.read_json(self.paths.heartbeat) or {}
+        for attempt in unfinished_attempts(records):
+            if attempt not in ended:  # its last sign of life is the best end time known
+                last = now_iso(beat["ts"]) if beat.get("attempt") == attempt and beat.get("ts") else None
+                rl.append_jsonl(self.paths.attempts, {"attempt": attempt, "ended_at": last, "rc": None,
+                                                      "signal": None, "reason": "dead",
+                                                      "noted_at": now_iso()})
+        for path in (self.paths.exit, self.paths.preempt):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    # -- main
+    def run(self):
+        for directory in (self.paths.meta, self.paths.ckpt, self.paths.out, self.paths.logs):
+            if not os.path.isdir(directory):
+                os.makedirs(directory)
+        if not self.take_lock():
+            print("already running: %s holds %s" % (self.paths.run_id, self.paths.lock))
+            return 0
+        self.job = rl.read_json(self.paths.job)
+        if not self.job or not self.job.get("command"):
+            print("no usable job.json at %s" % self.paths.job, file=sys.stderr)
+            return 2
+        job = self.job
+        self.grace_s = max(0.0, float(job.get("grace_s") or DEFAULTS["grace_s"]))
+        heartbeat_s = max(0.2, float(job.get("heartbeat_interval_s") or DEFAULTS["heartbeat_interval_s"]))
+        gpu_s = max(1.0, float(job.get("gpu_sample_interval_s") or DEFAULTS["gpu_sample_interval_s"]))
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.on_stop)
+
+        records = rl.read_jsonl(self.paths.attempts)
+        self.attempt = next_attempt(records)
+        self.close_previous(records)
+        resume_from = select_resume(job, self.paths)
+        env = build_env(job, self.paths, self.attempt, resume_from, os.environ)
+        started = time.time()
+        inc = rl.incarnation()
+        log = open(self.paths.log, "ab")
+        log.write(("== rgt attempt %d started %s resume_from=%s\n"
+                   % (self.attempt, now_iso(started), resume_from or "none")).encode("utf-8"))
+        log.flush()
+        devnull = open(os.devnull, "rb")
+        self.proc = subprocess.Popen(["bash", "-c", build_script(job)], stdin=devnull, stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, cwd=self.paths.run_dir,
+                                     start_new_session=True, close_fds=True)
+        self.pgid = self.proc.pid  # a new session: the leader's pid is the group id
+        devnull.close()
+        rl.atomic_write_json(self.paths.pid, {"wrapper_pid": os.getpid(), "job_pid": self.proc.pid,
+                                              "pgid": self.pgid, "attempt": self.attempt,
+                                              "incarnation": inc})
+        rl.append_jsonl(self.paths.attempts, {
+            "attempt": self.attempt, "started_at": now_iso(started), "code_dir": job.get("code_dir"),
+            "resume_from": resume_from, "incarnation": inc,
+            "detach": "tmux" if os.environ.get("TMUX") else "nohup"})
+        if self.stop_signal:  # a stop that arrived while starting
+            self.forward_stop()
+        self.heartbeat(True)
+
+        smi = shutil.which("nvidia-smi")
+        next_beat = time.time() + heartbeat_s
+        next_gpu = time.time()
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                break
+            now = time.time()
+            if self.kill_deadline is not None and now >= self.kill_deadline:
+                self.killpg(signal.SIGKILL)
+                self.kill_deadline = float("inf")
+            if now >= next_beat:
+                self.heartbeat(True)
+                next_beat = now + heartbeat_s
+            if now >= next_gpu:
+                self.sample_gpu(smi)
+                next_gpu = now + gpu_s
+            time.sleep(TICK_S)
+
+        if self.stop_signal:
+            self.killpg(signal.SIGKILL)  # stragglers of a stopped job (loader workers): grace is over
+        reason, sig = classify(rc, self.stop_signal)
+        ended = now_iso()
+        # exit.json last: whoever sees it also sees the end line, the final heartbeat and the log trailer
+        self.heartbeat(False)
+        rl.append_jsonl(self.paths.attempts, {"attempt": self.attempt, "ended_at": ended, "rc": rc,
+                                              "signal": sig, "reason": reason})
+        log.write(("== rgt attempt %d ended %s reason=%s rc=%s\n" % (self.attempt, ended, reason, rc))
+                  .encode("utf-8"))
+        log.close()
+        rl.atomic_write_json(self.paths.exit, {"attempt": self.attempt, "rc": rc, "signal": sig,
+                                               "reason": reason, "ended_at": ended,
+                                               "stop_signal": self.stop_signal})
+        return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: <python> <run_dir>/.rgt/wrapper.py <run_dir>", file=sys.stderr)
+        return 2
+    return Wrapper(argv[0]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

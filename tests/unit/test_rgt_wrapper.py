@@ -1,0 +1,199 @@
+"""Pure parts of the job wrapper (roles/launch_detached/files/rgt_wrapper.py) and of the rgt_launch module:
+attempt numbering, exit reason classification, the job environment and script, resume selection."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WRAPPER = REPO / "roles" / "launch_detached" / "files" / "rgt_wrapper.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("rgt_wrapper", WRAPPER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+w = _load()
+
+
+@pytest.fixture
+def paths(tmp_path):
+    p = w.paths_for(str(tmp_path / "durable" / "proj" / "active" / "run-1"))
+    for d in (p.meta, p.ckpt, p.out, p.logs):
+        os.makedirs(d)
+    return p
+
+
+# ---------------------------------------------------------------- attempts
+
+def test_paths_for_recovers_root_project_and_run_id(tmp_path):
+    p = w.paths_for(str(tmp_path / "d" / "proj" / "active" / "r.1"))
+    assert (p.durable_root, p.project, p.run_id) == (str(tmp_path / "d"), "proj", "r.1")
+    assert p.lock.endswith("/.rgt/lock") and p.session() == "rgt-r_1"
+
+
+def test_next_attempt_counts_start_lines_only():
+    assert w.next_attempt([]) == 1
+    records = [{"attempt": 1, "started_at": "t"}, {"attempt": 1, "ended_at": "t", "reason": "preempted"},
+               {"attempt": 2, "started_at": "t"}]
+    assert w.next_attempt(records) == 3
+    assert w.next_attempt([{"attempt": 1, "ended_at": "t"}]) == 1
+
+
+def test_unfinished_attempts_are_starts_without_an_end():
+    records = [{"attempt": 1, "started_at": "t"}, {"attempt": 1, "ended_at": "t"},
+               {"attempt": 2, "started_at": "t"}]
+    assert w.unfinished_attempts(records) == [2]
+    assert w.unfinished_attempts(records + [{"attempt": 2, "ended_at": None}]) == []
+
+
+# ---------------------------------------------------------------- classification
+
+@pytest.mark.parametrize("rc, stop, expected", [
+    (0, None, ("finished", None)),
+    (1, None, ("failed", None)),
+    (3, None, ("failed", None)),
+    (137, None, ("failed", None)),       # a shell's 128+9 is an exit code, not a signal death
+    (-9, None, ("killed", 9)),           # OOM killer / SIGKILL
+    (-15, None, ("killed", 15)),
+    (0, "SIGTERM", ("preempted", None)),  # the job checkpointed and exited 0 on the forwarded TERM
+    (1, "SIGHUP", ("preempted", None)),
+    (-9, "SIGTERM", ("preempted", 9)),   # SIGKILLed after the grace window: still a preemption
+])
+def test_classify(rc, stop, expected):
+    assert w.classify(rc, stop) == expected
+
+
+def test_signal_name():
+    assert w.signal_name(signal.SIGTERM) == "SIGTERM" and w.signal_name(signal.SIGHUP) == "SIGHUP"
+
+
+# ---------------------------------------------------------------- environment and script
+
+def test_build_env_sets_the_contract_and_rgt_vars_win(paths):
+    job = {"run_id": "run-1", "omp_num_threads": 4,
+           "env": {"HF_HOME": "/scratch/hf", "RGT_ATTEMPT": "999", "PYTHONUNBUFFERED": "0", "EMPTY": None}}
+    base = {"PATH": "/usr/bin", "TMUX": "/tmp/tmux-0/default,1,0", "TMUX_PANE": "%1"}
+    env = w.build_env(job, paths, 2, "/x/ckpt/step_10.ckpt", base)
+    assert env["RGT_RUN_ID"] == "run-1" and env["RGT_ATTEMPT"] == "2"
+    assert env["RGT_RUN_DIR"] == paths.run_dir and env["RGT_CKPT_DIR"] == paths.ckpt
+    assert env["RGT_OUT_DIR"] == paths.out and env["RGT_PREEMPT_FILE"] == paths.preempt
+    assert env["RGT_RESUME_FROM"] == "/x/ckpt/step_10.ckpt"
+    assert env["OMP_NUM_THREADS"] == "4" and env["HF_HOME"] == "/scratch/hf" and env["EMPTY"] == ""
+    assert env["PYTHONUNBUFFERED"] == "0"  # the job's own env may override the defaults, never RGT_*
+    assert env["PATH"] == "/usr/bin" and "TMUX" not in env and "TMUX_PANE" not in env
+    assert base["TMUX"]  # the caller's dict is not modified
+
+
+def test_build_env_without_resume_or_threads(paths):
+    env = w.build_env({}, paths, 1, None, {})
+    assert env["RGT_RESUME_FROM"] == "" and "OMP_NUM_THREADS" not in env
+    assert env["RGT_RUN_ID"] == "run-1" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_build_script_skips_null_parts_and_quotes_paths():
+    assert w.build_script({"command": "python train.py"}) == "exec python train.py"
+    script = w.build_script({"command": "python train.py --x 1", "proxy_hook": "source /etc/network_turbo",
+                             "secrets_file": "/root/my secrets/p.env", "code_dir": "/d/code-abc"})
+    assert script.splitlines() == ["source /etc/network_turbo",
+                                   "set -a; . '/root/my secrets/p.env' || exit 98; set +a",
+                                   "cd /d/code-abc || exit 97", "exec python train.py --x 1"]
+
+
+def test_script_sources_secrets_without_putting_values_in_argv(tmp_path):
+    secrets = tmp_path / "s.env"
+    secrets.write_text("TOKEN='abc-secret-123'\n")
+    script = w.build_script({"command": "printenv TOKEN", "secrets_file": str(secrets), "code_dir": str(tmp_path)})
+    assert "abc-secret-123" not in script
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert out.stdout.strip() == "abc-secret-123"
+
+
+def test_script_stops_when_the_secrets_file_or_code_dir_is_missing(tmp_path):
+    missing = w.build_script({"command": "true", "secrets_file": str(tmp_path / "nope.env")})
+    assert subprocess.run(["bash", "-c", missing], capture_output=True).returncode == 98
+    nodir = w.build_script({"command": "true", "code_dir": str(tmp_path / "nodir")})
+    assert subprocess.run(["bash", "-c", nodir], capture_output=True).returncode == 97
+
+
+# ---------------------------------------------------------------- resume selection
+
+def _touch(path, mtime):
+    Path(path).write_bytes(b"x")
+    os.utime(path, (mtime, mtime))
+
+
+def test_select_resume_newest_complete_matching_checkpoint(paths):
+    now = time.time()
+    assert w.select_resume({}, paths) is None
+    _touch(os.path.join(paths.ckpt, "step_10.ckpt"), now - 30)
+    _touch(os.path.join(paths.ckpt, "step_20.ckpt"), now - 20)
+    _touch(os.path.join(paths.ckpt, "step_30.ckpt.tmp"), now - 1)   # being written: never complete
+    _touch(os.path.join(paths.ckpt, ".step_40.ckpt"), now)          # hidden: never complete
+    _touch(os.path.join(paths.ckpt, "notes.txt"), now - 5)
+    assert w.select_resume({"ckpt_glob": "*.ckpt"}, paths).endswith("step_20.ckpt")
+    assert w.select_resume({}, paths).endswith("notes.txt")  # default glob "*"
+    _touch(os.path.join(paths.ckpt, "step_05.ckpt"), now - 20)      # same mtime: the name breaks the tie
+    assert w.select_resume({"ckpt_glob": "step_*"}, paths).endswith("step_20.ckpt")
+
+
+def test_gpu_rows_keep_well_formed_lines():
+    text = "0, 97, 40000, 81920, 65\n1, 0, 3, 81920, 33\n\nNo devices were found\n"
+    assert w.gpu_rows(text, 100.4) == ["100,0,97,40000,81920,65", "100,1,0,3,81920,33"]
+    assert w.gpu_rows("", 1) == []
+
+
+# ---------------------------------------------------------------- previous attempt bookkeeping
+
+def test_close_previous_folds_exit_json_and_marks_vanished_attempts(paths):
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+
+    rl.append_jsonl(paths.attempts, {"attempt": 1, "started_at": "a"})
+    rl.append_jsonl(paths.attempts, {"attempt": 2, "started_at": "b"})
+    rl.atomic_write_json(paths.exit, {"attempt": 2, "rc": 0, "signal": None, "reason": "preempted",
+                                      "ended_at": "c", "stop_signal": "SIGTERM"})
+    Path(paths.preempt).write_text("SIGTERM\n")
+    rl.atomic_write_json(paths.heartbeat, {"ts": 86400.0, "attempt": 1, "job_alive": True})
+    wrapper = w.Wrapper(paths.run_dir)
+    wrapper.close_previous(rl.read_jsonl(paths.attempts))
+    ends = [r for r in rl.read_jsonl(paths.attempts) if "ended_at" in r]
+    assert sorted((r["attempt"], r["reason"]) for r in ends) == [(1, "dead"), (2, "preempted")]
+    assert [r["ended_at"] for r in ends if r["attempt"] == 1] == ["1970-01-02T00:00:00Z"]  # last heartbeat
+    assert not os.path.exists(paths.exit) and not os.path.exists(paths.preempt)
+    assert w.next_attempt(rl.read_jsonl(paths.attempts)) == 3
+
+
+def test_wrapper_refuses_a_second_instance(paths):
+    first = w.Wrapper(paths.run_dir)
+    assert first.take_lock() is True
+    out = subprocess.run([sys.executable, str(WRAPPER), paths.run_dir], capture_output=True, text=True,
+                         timeout=10, env={**os.environ, "PYTHONPATH": str(REPO / ".collections")})
+    assert out.returncode == 0 and "already running" in out.stdout
+    first.lock_handle.close()
+
+
+# ---------------------------------------------------------------- the module's pure helpers
+
+def test_module_helpers():
+    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_launch as m
+
+    assert m.omp_from_quota(None, 100000) is None
+    assert m.omp_from_quota(250000, 100000) == 2
+    assert m.omp_from_quota(50000, 100000) == 1
+    assert m.last_state(None, [], None) == "never"
+    starts = [{"attempt": 1, "started_at": "t"}]
+    assert m.last_state(None, starts, None) == "dead"
+    assert m.last_state(None, starts, {"attempt": 1, "reason": "finished"}) == "finished"
+    assert m.last_state(None, starts + [{"attempt": 2, "started_at": "t"}],
+                        {"attempt": 1, "reason": "preempted"}) == "dead"
+    assert m.expand_env({"A": "~/x", "B": None, "C": "a~b"}) == {"A": os.path.expanduser("~/x"), "B": "",
+                                                                   "C": "a~b"}
