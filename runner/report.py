@@ -47,6 +47,16 @@ def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[
     return rep, sorted(rep.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
 
 
+def _phase_line(phase: str, rep: dict) -> str:
+    """One plain line per phase report (upload: bytes sent; launch: live / started / finished)."""
+    if phase == "upload_resume":
+        return (f"upload: {rep.get('status')} {rep.get('code_dir') or ''} ({rep.get('files')} files, "
+                f"{rep.get('bytes_sent', 0)} bytes sent)")
+    if rep.get("msg"):
+        return f"{phase}: {rep['msg']}"
+    return f"{phase}: {rep.get('status') or rep.get('state') or ''}".rstrip(": ")
+
+
 def _print_findings(console: Console, findings: list[dict]) -> None:
     for f in findings:
         sev = f.get("severity", "info")
@@ -91,6 +101,13 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
                                   "interpreter": (env.get("interpreter") or {}).get("path"),
                                   "torch": env.get("torch"), "driver_cuda": env.get("driver_cuda")}
             _print_findings(console, env_findings)
+        for key, rep in sorted((out.results if out else {}).items()):
+            if key == "env_check_report" or not isinstance(rep, dict):
+                continue
+            entry[key[: -len("_report")]] = rep
+            line = _phase_line(key[: -len("_report")], rep)
+            if line:
+                console.print(f"  {line}")
     doc["exit_code"] = code
     stem = Path(result.playbook).stem
     if code == errors.OK and stem in NEXT_STEP:

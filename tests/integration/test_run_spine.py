@@ -23,7 +23,7 @@ def job(run_id, steps=200, sleep=0.1, extra="", **kw):
             "command": f"python3 train.py --steps {steps} --ckpt-every 10 --sleep {sleep} {extra}".strip(),
             "code_dir": str(REPO / "examples" / "tiny_train"), "checkpoint": {"glob": "step_*.ckpt"},
             "outputs": ["weights.bin", "metrics.json"], "log_patterns": {"step": r"step=(\d+)"},
-            "auto_resume": True, "stall_after_s": 120}
+            "auto_resume": True, "stall_after_s": 120, "disk_floor_gib": 0.05}
     spec.update(kw)
     return spec
 

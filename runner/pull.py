@@ -1,0 +1,105 @@
+"""`rgt-run pull`: seal each box's finished run, pull it and verify every byte (playbooks/collect.yml).
+
+Per host: "verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files
+named). `--verify-only` re-verifies the local copy without touching the box. Exit codes: 3 a host key does not
+match its pin, else 1 any closeout/transfer/verification failure, else 4 any unreachable host, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rgt.errors import RgtError
+from rich.console import Console
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rgt-run pull", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
+    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
+    p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
+                   help="extra vars: @job.yml, k=v or JSON")
+    p.add_argument("--runs-dir", help="local runs root (default $RGT_RUNS_DIR or ./runs)")
+    p.add_argument("--verify-only", action="store_true", help="re-verify the local copy; do not touch the box")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def runs_dir(arg: str | None) -> Path:
+    return Path(arg or os.environ.get("RGT_RUNS_DIR") or "runs").expanduser().resolve()
+
+
+def host_line(name: str, doc: dict) -> str:
+    if doc.get("verified"):
+        mb = (doc.get("bytes") or 0) / 1e6
+        return f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> {doc.get('dest')}"
+    return f"{name}: NOT verified: {doc.get('error') or 'failed'}"
+
+
+def cmd_pull(args: argparse.Namespace, console: Console) -> int:
+    from rgt.cli import prepare
+    from rgt.ledger import ledger_dir
+    from rgt.phases import run_playbook
+
+    ns = argparse.Namespace(**vars(args))
+    ns.playbook = "collect"
+    playbook, hosts, extravars = prepare(ns)
+    root = runs_dir(args.runs_dir)
+    extravars = {**extravars, "rgt_runs_dir": str(root), "collect_verify_only": bool(args.verify_only)}
+    ledger = ledger_dir(args.ledger)
+    console.print(f"[bold]rgt pull[/bold] {'(verify only) ' if args.verify_only else ''}on {len(hosts)} host(s) "
+                  f"into {root}")
+    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
+                          limit=args.limit, quiet=not args.verbose, verbosity=args.verbose or 0)
+    docs: dict[str, dict] = {}
+    for host in hosts:
+        outcome = result.hosts.get(host.name)
+        if outcome is None:
+            doc = {"host": host.name, "verified": False, "error": "the collect play returned nothing for this host"}
+        elif outcome.unreachable:
+            doc = {"host": host.name, "verified": False, "unreachable": True,
+                   "error": (outcome.messages or ["unreachable"])[-1][:600]}
+        else:
+            doc = dict(outcome.results.get("collect_report") or {"host": host.name, "verified": False})
+            if outcome.failed and not doc.get("error"):
+                doc["error"] = (outcome.messages or ["failed"])[-1][:600]
+            doc["verified"] = bool(doc.get("verified")) and not outcome.failed
+        docs[host.name] = doc
+        style = "green" if doc["verified"] else "red"
+        console.print(f"[{style}]{host_line(host.name, doc)}[/]")
+    code = result.exit_code
+    console.print(f"exit {code} · runs {root}")
+    if args.json:
+        sys.stdout.write(json.dumps({"command": "pull", "runs_dir": str(root), "hosts": docs, "exit_code": code,
+                                     "phase": result.as_dict()}, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+    return code
+
+
+def main_pull(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    as_json = "--json" in argv
+    try:
+        return cmd_pull(_parser().parse_args(argv), console)
+    except RgtError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        if exc.fix:
+            console.print(f"  fix: {exc.fix}")
+        if as_json:
+            sys.stdout.write(json.dumps({"command": "pull", **exc.as_dict()}, sort_keys=True) + "\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: re-run the same command to resume the pull")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main_pull())

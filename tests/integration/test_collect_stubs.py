@@ -1,0 +1,214 @@
+"""collect (closeout -> manifest -> pull -> verify) on the rp podman stub over real, pinned SSH, through the
+runner's `main_pull` (python -c, like the status tests). Marked stubs."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import stub_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT = "coltest"
+PULL = "import sys; from rgt.pull import main_pull; sys.exit(main_pull(sys.argv[1:]))"
+
+pytestmark = [pytest.mark.stubs]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def make_run(stub, run_id: str, outputs_ok: bool = True, weights_mib: int = 2) -> str:
+    run_dir = f"/workspace/{PROJECT}/active/{run_id}"
+    metrics = f"echo '{{\"loss\": 0.5}}' > {run_dir}/out/metrics.json" if outputs_ok else "true"
+    script = f"""set -e
+mkdir -p {run_dir}/.rgt {run_dir}/out {run_dir}/ckpt {run_dir}/logs
+head -c {weights_mib * 1048576} /dev/urandom > {run_dir}/out/weights.bin
+{metrics}
+echo ckpt10 > {run_dir}/ckpt/step_00000010.ckpt
+echo ckpt20 > {run_dir}/ckpt/step_00000020.ckpt
+echo 'step=20 loss=0.5' > {run_dir}/logs/job.log
+printf '%s\\n' '{{"attempt": 1, "started_at": "2026-01-01T00:00:00Z"}}' \
+  '{{"attempt": 1, "ended_at": "2026-01-01T00:10:00Z", "rc": 0, "reason": "finished"}}' > {run_dir}/.rgt/attempts.jsonl
+echo '{{"attempt": 1, "rc": 0, "signal": null, "reason": "finished"}}' > {run_dir}/.rgt/exit.json
+"""
+    stub.exec(script)
+    return run_dir
+
+
+class Pull:
+    def __init__(self, stub_fleet, tmp: Path, run_id: str):
+        self.job = {"name": run_id, "outputs": ["weights.bin", "metrics.json"],
+                    "checkpoint": {"declared": ["step_00000010.ckpt"]}}
+        self.inv = stub_inventory(stub_fleet, ["rp"])
+        self.runs = tmp / "runs"
+        self.ledger = tmp / "ledger"
+        self.base = self.runs / run_id
+        self.dest = self.base / "rp"
+        self.marker = self.base / "rp.PULL_VERIFIED.json"
+        (tmp / "job.json").write_text(json.dumps({"rgt_job": self.job, "rgt_project": PROJECT}))
+        self.vars = tmp / "job.json"
+
+    def __call__(self, *extra: str, timeout: int = 300):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", PULL, "-i", str(self.inv), "-e", "@" + str(self.vars),
+                               "--runs-dir", str(self.runs), "--ledger", str(self.ledger), "--json", *extra],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc.seconds = time.monotonic() - t0
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        proc.doc = json.loads(lines[-1]) if lines else {}
+        proc.host = proc.doc.get("hosts", {}).get("rp", {})
+        proc.out = proc.stdout + proc.stderr
+        return proc
+
+
+@pytest.fixture
+def rp_run(stub_fleet, tmp_path):
+    stub = stub_fleet["stubs"]["rp"]
+    run_id = f"col-{uuid.uuid4().hex[:8]}"
+    yield stub, run_id, Pull(stub_fleet, tmp_path, run_id)
+    stub.link_restore()
+    stub.rate_unlimit()
+    stub.exec(f"rm -rf /workspace/{PROJECT}/active/{run_id} /workspace/{PROJECT}/export/{run_id}* "
+              f"/workspace/{PROJECT}/quarantine/{run_id}--*", check=False)
+
+
+def remote_sha(stub, path: str) -> str:
+    return stub.exec(f"find {path} -type f -print0 | sort -z | xargs -0 sha256sum").stdout
+
+
+def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run):
+    stub, run_id, pull = rp_run
+    make_run(stub, run_id)
+    first = pull()
+    assert first.returncode == 0, first.out
+    assert "verified: 4 files" in first.out and "SHA-256 match" in first.out
+    export = f"/workspace/{PROJECT}/export/{run_id}"
+    listing = stub.exec(f"cd {export} && find . -type f | sort").stdout.split()
+    assert listing == ["./ckpt/step_00000010.ckpt", "./out/metrics.json", "./out/weights.bin", "./run.json"]
+    assert stub.exec(f"test -f {export}.manifest.json && test ! -e {export}/{run_id}.manifest.json",
+                     check=False).returncode == 0
+    box_manifest = stub.exec(f"cat {export}.manifest.json").stdout
+    local_manifest = (pull.base / "rp.manifest.json").read_text()
+    assert local_manifest == box_manifest
+    for entry in json.loads(local_manifest)["files"]:
+        assert sha(pull.dest / entry["path"]) == entry["sha256"]
+    marker = json.loads(pull.marker.read_text())
+    assert marker["run_id"] == run_id and marker["instance_id"] == "pod-9k2m4x"
+    assert marker["manifest_sha256"] == hashlib.sha256(box_manifest.encode()).hexdigest()
+    assert marker["checkpoints"] == [{"path": "ckpt/step_00000010.ckpt", "loader": None, "ok": None}]
+    prov = (pull.base / "rp.PROVENANCE.md").read_text()
+    assert "ckpt/step_00000020.ckpt" in prov and "logs/" in prov
+    assert not list(pull.dest.rglob(".*")), "no rsync leftovers inside the capsule copy"
+    box_before = remote_sha(stub, export)
+    marker_bytes = pull.marker.read_bytes()
+
+    again = pull()
+    assert again.returncode == 0, again.out
+    assert again.doc["phase"]["hosts"]["rp"]["changed"] == 0, again.out
+    assert pull.marker.read_bytes() == marker_bytes
+    assert remote_sha(stub, export) == box_before, "a sealed export is never touched"
+    assert "already sealed" in again.host["closeout"]
+
+    weights = pull.dest / "out" / "weights.bin"
+    data = bytearray(weights.read_bytes())
+    data[123456] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    tampered = pull("--verify-only")
+    assert tampered.returncode == 1, tampered.out
+    assert "SHA-256 differs: out/weights.bin" in tampered.out
+    assert tampered.host["sha_mismatch"] == ["out/weights.bin"] and not pull.marker.exists()
+
+    weights.unlink()
+    missing = pull("--verify-only")
+    assert missing.returncode == 1 and "missing locally: out/weights.bin" in missing.out
+
+    (pull.dest / "out" / "stale.txt").write_text("from an older pull")
+    extra = pull()  # the pull restores weights.bin, never deletes the stale file
+    assert extra.returncode == 1, extra.out
+    assert "unexpected local file: out/stale.txt" in extra.out and not pull.marker.exists()
+    assert sha(weights) == json.loads(local_manifest)["files"][2]["sha256"]
+    (pull.dest / "out" / "stale.txt").unlink()
+    healed = pull()
+    assert healed.returncode == 0 and pull.marker.exists(), healed.out
+    print(f"\ncollect timings: first {first.seconds:.1f}s, re-run {again.seconds:.1f}s, "
+          f"verify-only {tampered.seconds:.1f}s")
+
+
+@pytest.mark.slow
+def test_cut_pull_leaves_no_marker_and_rerun_completes(stub_fleet, rp_run):
+    stub, run_id, pull = rp_run
+    make_run(stub, run_id, weights_mib=4)
+    cut = {}
+
+    def cutter():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out_dir = pull.dest / "out"
+            if out_dir.is_dir() and any(p.name.startswith(".weights.bin.") for p in out_dir.iterdir()):
+                time.sleep(0.5)
+                stub.link_cut()
+                cut["t"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    stub.rate_limit("2mbit")
+    thread = threading.Thread(target=cutter, daemon=True)
+    thread.start()
+    first = pull("-e", "collect_retries=0", "-e", "collect_timeout_s=4")
+    thread.join(timeout=5)
+    stub.link_restore()
+    stub.rate_unlimit()
+    assert "t" in cut, "the link was never cut: " + first.out
+    assert first.returncode != 0, first.out
+    assert not pull.marker.exists()
+    assert "re-run to resume" in first.out.lower() or "rsync failed" in first.out
+    partial = list((pull.base / ".rsync-partial-rp").glob("*")) if (pull.base / ".rsync-partial-rp").exists() else []
+    second = pull()
+    assert second.returncode == 0, second.out
+    assert pull.marker.exists()
+    print(f"\ncut pull: {first.seconds:.1f}s (partial kept: {[p.name for p in partial]}), "
+          f"resumed {second.seconds:.1f}s")
+
+
+def test_missing_output_goes_to_quarantine(stub_fleet, rp_run):
+    stub, run_id, pull = rp_run
+    make_run(stub, run_id, outputs_ok=False)
+    res = pull()
+    assert res.returncode == 1, res.out
+    assert "required output out/metrics.json is missing" in res.out
+    qdir = f"/workspace/{PROJECT}/quarantine/{run_id}--1"
+    assert "metrics.json is missing" in stub.exec(f"cat {qdir}/REASON.txt").stdout
+    assert stub.exec(f"test -e /workspace/{PROJECT}/export/{run_id}", check=False).returncode != 0
+    again = pull()  # a second failure never overwrites the first quarantine
+    assert again.returncode == 1
+    assert stub.exec(f"test -f {qdir}.2/REASON.txt", check=False).returncode == 0
+    assert not pull.marker.exists()
+
+
+def test_symlink_in_capsule_is_refused(stub_fleet, rp_run):
+    stub, run_id, pull = rp_run
+    run_dir = make_run(stub, run_id)
+    pull.job["outputs"] = []  # all of out/
+    pull.vars.write_text(json.dumps({"rgt_job": pull.job, "rgt_project": PROJECT}))
+    stub.exec(f"ln -s /etc/passwd {run_dir}/out/passwd")
+    res = pull()
+    assert res.returncode == 1, res.out
+    assert "symlink" in res.out and "out/passwd" in res.out
+    assert stub.exec(f"test -e /workspace/{PROJECT}/export/{run_id}", check=False).returncode != 0
+
+
+def test_unfinished_run_is_refused(stub_fleet, rp_run):
+    stub, run_id, pull = rp_run
+    run_dir = make_run(stub, run_id)
+    stub.exec(f"rm {run_dir}/.rgt/exit.json")
+    res = pull()
+    assert res.returncode == 1 and "run is not finished" in res.out, res.out

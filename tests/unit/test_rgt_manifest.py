@@ -1,0 +1,125 @@
+"""rgt_manifest: build (refusals, order), validate, compare, checkpoint loaders."""
+
+import json
+import os
+
+import pytest
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
+
+
+def capsule(tmp_path):
+    root = tmp_path / "cap"
+    (root / "out").mkdir(parents=True)
+    (root / "ckpt").mkdir()
+    (root / "out" / "weights.bin").write_bytes(os.urandom(3 * mf.CHUNK + 17))
+    (root / "out" / "metrics.json").write_text('{"loss": 0.1}\n')
+    (root / "ckpt" / "step_00000010.ckpt").write_bytes(b"ck")
+    (root / "run.json").write_text("{}\n")
+    return root
+
+
+def test_build_sorted_with_totals_and_valid(tmp_path):
+    root = capsule(tmp_path)
+    doc = mf.build_manifest(str(root), "r1", host="h", instance_id="i")
+    paths = [f["path"] for f in doc["files"]]
+    assert paths == sorted(paths) == ["ckpt/step_00000010.ckpt", "out/metrics.json", "out/weights.bin", "run.json"]
+    assert doc["totals"] == {"files": 4, "bytes": sum(f["bytes"] for f in doc["files"])}
+    assert mf.validate_manifest(json.loads(mf.dumps(doc)), "r1") == []
+    assert mf.top_level_entries(doc) == ["ckpt", "out", "run.json"]
+    assert mf.compare(str(root), doc)["ok"]
+
+
+def test_symlinks_anywhere_are_refused(tmp_path):
+    root = capsule(tmp_path)
+    os.symlink("weights.bin", root / "out" / "alias.bin")
+    with pytest.raises(mf.ManifestError, match="symlink: out/alias.bin"):
+        mf.build_manifest(str(root), "r1")
+    os.unlink(root / "out" / "alias.bin")
+    os.symlink(str(tmp_path), root / "escape")  # a directory symlink pointing outside
+    with pytest.raises(mf.ManifestError, match="symlink: escape"):
+        mf.build_manifest(str(root), "r1")
+
+
+def test_empty_capsule_and_bad_run_id_are_refused(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(mf.ManifestError, match="empty"):
+        mf.build_manifest(str(tmp_path / "empty"), "r1")
+    with pytest.raises(mf.ManifestError, match="run_id"):
+        mf.build_manifest(str(capsule(tmp_path)), "../x")
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../b", "a//b", "./a", "C:/x", "a\\b"])
+def test_path_escapes_are_invalid(path):
+    doc = {"schema": mf.SCHEMA, "run_id": "r1", "files": [{"path": path, "bytes": 1, "sha256": "0" * 64}],
+           "totals": {"files": 1, "bytes": 1}}
+    assert any("path" in p for p in mf.validate_manifest(doc, "r1"))
+
+
+def test_validate_names_every_problem():
+    doc = {"schema": "x", "run_id": "r2", "totals": {"files": 2, "bytes": 0},
+           "files": [{"path": "b", "bytes": 1, "sha256": "A" * 64}, {"path": "b", "bytes": -1, "sha256": "0" * 64}]}
+    problems = " | ".join(mf.validate_manifest(doc, "r1"))
+    for needle in ("schema", "expected 'r1'", "duplicate path b", "64 lowercase hex", "non-negative", "totals"):
+        assert needle in problems
+
+
+def test_compare_names_changed_extra_and_missing_files(tmp_path):
+    root = capsule(tmp_path)
+    doc = mf.build_manifest(str(root), "r1")
+    data = bytearray((root / "out" / "weights.bin").read_bytes())
+    data[mf.CHUNK + 5] ^= 1  # one byte, same size
+    (root / "out" / "weights.bin").write_bytes(bytes(data))
+    (root / "out" / "extra.txt").write_text("x")
+    (root / "run.json").unlink()
+    (root / "ckpt" / "step_00000010.ckpt").write_bytes(b"longer")
+    res = mf.compare(str(root), doc)
+    assert not res["ok"]
+    assert res["sha_mismatch"] == ["out/weights.bin"]
+    assert res["unexpected"] == ["out/extra.txt"]
+    assert res["missing"] == ["run.json"]
+    assert res["size_mismatch"] == ["ckpt/step_00000010.ckpt"]
+    text = mf.describe_problems(res)
+    assert "SHA-256 differs: out/weights.bin" in text and "unexpected local file: out/extra.txt" in text
+
+
+def test_compare_counts_a_local_symlink_as_unexpected(tmp_path):
+    root = capsule(tmp_path)
+    doc = mf.build_manifest(str(root), "r1")
+    os.symlink("/etc/hostname", root / "out" / "link")
+    assert mf.compare(str(root), doc)["unexpected"] == ["out/link"]
+
+
+def test_unknown_checkpoint_type_has_no_loader(tmp_path):
+    path = tmp_path / "step_1.ckpt"
+    path.write_bytes(b"x")
+    assert mf.load_checkpoint(str(path), "ckpt/step_1.ckpt") == {
+        "path": "ckpt/step_1.ckpt", "loader": None, "ok": None, "detail": "no loader for this file type"}
+
+
+def test_safetensors_header_is_checked_without_the_library(tmp_path):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    assert mf.load_checkpoint(str(good))["ok"] is True
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)  # truncated data
+    res = mf.load_checkpoint(str(bad))
+    assert res["ok"] is False and "outside the data" in res["detail"]
+
+
+def test_numpy_loader(tmp_path):
+    numpy = pytest.importorskip("numpy", reason="numpy is not installed in this venv (the loader is optional)")
+    good = tmp_path / "w.npy"
+    numpy.save(good, numpy.arange(4.0))
+    assert mf.load_checkpoint(str(good))["ok"] is True
+    bad = tmp_path / "o.npy"
+    numpy.save(bad, numpy.array([{"a": 1}], dtype=object), allow_pickle=True)
+    assert mf.load_checkpoint(str(bad))["ok"] is False  # allow_pickle=False refuses object arrays
+
+
+def test_torch_file_without_torch_has_no_loader(tmp_path):
+    path = tmp_path / "best.pth"
+    path.write_bytes(b"PK\x03\x04")
+    res = mf.load_checkpoint(str(path))
+    if res["loader"] is None:
+        assert res["ok"] is None and "torch" in res["detail"]
