@@ -18,7 +18,7 @@ from rgt.inventory import check_pins, load_hosts, validate_job
 from rgt.ledger import ledger_dir
 from rich.console import Console
 
-SUBCOMMANDS = ("profiles", "pin", "lifecycle", "smoke", "status", "watch")
+SUBCOMMANDS = ("profiles", "pin", "lifecycle", "smoke", "status", "watch", "pull", "teardown")
 
 
 def parse_extravars(values: list[str]) -> dict:
@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in ("status", "watch"):
             from rgt import status
             return (status.main_status if argv[0] == "status" else status.main_watch)(argv[1:])
+        if argv and argv[0] == "pull":
+            from rgt.pull import main_pull
+            return main_pull(argv[1:])
+        if argv and argv[0] == "teardown":
+            from rgt.teardown import main_teardown
+            return main_teardown(argv[1:])
         if argv and argv[0] == "smoke" and not ({"-i", "--inventory"} & set(argv)):
             # the smoke runs on the controller: no box needed, the embedded local inventory carries it
             argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
