@@ -132,11 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "smoke" and not ({"-i", "--inventory"} & set(argv)):
             # the smoke runs on the controller: no box needed, the embedded local inventory carries it
             argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
-        args = build_parser().parse_args(argv)
-        if args.playbook == "lifecycle":
-            from rgt.lifecycle import cmd_lifecycle
-            return cmd_lifecycle(args, console)
-        return cmd_playbook(args, console)
+        if argv and argv[0] == "lifecycle":
+            from rgt import lifecycle
+            return lifecycle.cmd_lifecycle(lifecycle.build_parser().parse_args(argv[1:]), console)
+        return cmd_playbook(build_parser().parse_args(argv), console)
     except RgtError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         if exc.fix:

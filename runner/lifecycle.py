@@ -1,4 +1,9 @@
-"""`rgt-run lifecycle`: every phase in order, resuming where the ledger says the last run stopped."""
+"""`rgt-run lifecycle`: train -> watch -> pull -> teardown, each phase the same command a user could run alone.
+
+Every phase is idempotent, so running the lifecycle again resumes where it stopped: a live run is watched, not
+started twice; a verified pull is re-verified, not re-sent; teardown still needs the typed confirmation (or
+`--confirm <instance-id>`), and a profile whose meter-stop verb is `none` (local) has nothing to stop.
+"""
 
 from __future__ import annotations
 
@@ -7,47 +12,75 @@ import json
 import sys
 
 from rgt import errors, paths
-from rgt.ledger import ledger_dir
 from rich.console import Console
 
-# (phase, playbook) in lifecycle order; playbooks that do not exist yet are reported, not faked.
-PHASES = [
-    ("train (probe, env_check)", "train.yml"),
-    ("upload_resume", "upload_resume.yml"),
-    ("launch_detached", "launch_detached.yml"),
-    ("monitor", "monitor.yml"),
-    ("collect", "collect.yml"),
-    ("teardown", "teardown.yml"),
-]
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rgt-run lifecycle", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
+    p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
+                   help="extra vars: @job.yml, k=v or JSON")
+    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between watch ticks (30)")
+    p.add_argument("--max-ticks", dest="max_ticks", type=int, default=2880,
+                   help="give up watching after this many ticks (2880: a day at 30 s)")
+    p.add_argument("--runs-dir", help="local runs root (default $RGT_RUNS_DIR or ./runs)")
+    p.add_argument("--confirm", action="append", default=[], metavar="INSTANCE_ID",
+                   help="confirm the teardown of this exact instance (repeat per host)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def _stop_verbs(args: argparse.Namespace) -> set[str]:
+    from rgt.inventory import load_hosts
+
+    return {h.profile["meter_stop"]["verb"] for h in load_hosts(args.inventory, args.limit)}
 
 
 def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
+    from rgt import pull, status, teardown
     from rgt.cli import prepare
+    from rgt.ledger import ledger_dir
     from rgt.phases import run_playbook
     from rgt.report import first_contact, summarize
 
+    quiet = {**vars(args), "json": False}
+    done: list[dict] = []
+
+    def step(phase: str, code: int) -> int:
+        done.append({"phase": phase, "exit_code": code})
+        return code
+
+    # 1. train: smoke -> probe -> env_check -> upload_resume -> launch_detached
+    console.rule("train")
+    ns = argparse.Namespace(**quiet, playbook=str(paths.PLAYBOOKS_DIR / "train.yml"), tags=None, check=False,
+                            skip_tags=None)
+    playbook, hosts, extravars = prepare(ns)
     ledger = ledger_dir(args.ledger)
-    done = []
-    code = errors.OK
-    for phase, name in PHASES:
-        book = paths.PLAYBOOKS_DIR / name
-        if not book.exists():
-            console.print(f"[dim]{phase}: not yet — this phase is built by a later milestone[/dim]")
-            done.append({"phase": phase, "status": "not_yet"})
-            continue
-        args.playbook = str(book)
-        playbook, hosts, extravars = prepare(args)
-        first_contact(console, ledger, hosts)
-        console.rule(f"{phase}")
-        result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
-                              extravars=extravars, limit=args.limit, tags=args.tags, check=args.check,
-                              verbosity=args.verbose)
-        doc = summarize(console, result, hosts, ledger, args.inventory)
-        done.append({"phase": phase, "status": "ok" if doc["exit_code"] == 0 else "failed", "result": doc})
-        code = doc["exit_code"]
-        if code != errors.OK:
-            break
+    first_contact(console, ledger, hosts)
+    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
+                          limit=args.limit, verbosity=args.verbose)
+    code = step("train", summarize(console, result, hosts, ledger, args.inventory)["exit_code"])
+    # 2. watch until every run settles (auto-resume relaunches preempted runs)
+    if code == errors.OK:
+        console.rule("watch")
+        code = step("watch", status.cmd_watch(argparse.Namespace(**quiet), console))
+    # 3. pull the sealed export and verify it locally
+    if code == errors.OK:
+        console.rule("pull")
+        code = step("pull", pull.cmd_pull(argparse.Namespace(**quiet, verify_only=False), console))
+    # 4. teardown, gated by the verified pull and the user's confirmation
+    if code == errors.OK:
+        console.rule("teardown")
+        if _stop_verbs(args) == {"none"}:
+            console.print("teardown: nothing to stop on this profile (no meter runs); the results are in "
+                          f"{pull.runs_dir(args.runs_dir)}")
+            step("teardown", errors.OK)
+        else:
+            code = step("teardown", teardown._teardown(argparse.Namespace(**quiet), console))
     if args.json:
-        sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "exit_code": code},
-                                    default=str) + "\n")
+        sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "exit_code": code}) + "\n")
     return code

@@ -17,7 +17,10 @@ SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}
 NEXT_STEP = {
     "probe": "rgt-run playbooks/env_check.yml -i {inv}",
     "env_check": "rgt-run playbooks/train.yml -i {inv}",
-    "train": "rgt-run status -i {inv}   (monitor arrives with the run spine)",
+    "train": "rgt-run watch -i {inv}   (or `rgt-run status -i {inv}` for one look)",
+    "launch_detached": "rgt-run watch -i {inv}",
+    "upload_resume": "rgt-run playbooks/launch_detached.yml -i {inv}",
+    "collect": "rgt-run teardown -i {inv} --confirm <instance-id>",
 }
 
 
