@@ -66,7 +66,8 @@ def last_step(stub, run_id) -> int:
 
 
 def wrappers(stub, run_id) -> int:
-    out = box(stub, f"ps -eo args | grep -c '[w]rapper.py {RUNS}/{run_id}' || true")
+    # the wrapper's own argv starts with the interpreter; tmux's server argv also names the wrapper: not counted
+    out = box(stub, f"ps -eo args | grep -c '^[^ ]*python[0-9.]* {RUNS}/{run_id}/.rgt/wrapper.py' || true")
     return int(out.strip() or 0)
 
 
@@ -75,7 +76,7 @@ def rp(stub_fleet, request):
     stub = stub_fleet["stubs"]["rp"]
     yield stub
     # stop any run a test left behind (tests use distinct run ids; the box is shared within the session)
-    stub.exec(["bash", "-c", "pkill -f 'rgt/active/' || true; tmux kill-server 2>/dev/null || true"])
+    stub.exec(["bash", "-c", "pkill -f '[r]gt/active/' || true; tmux kill-server 2>/dev/null || true"])
 
 
 def test_link_cut_30s_is_unreachable_and_the_job_keeps_running(rgt, stub_fleet, rp, tmp_path):
