@@ -188,3 +188,19 @@ def age_s(path, now=None):
         return max(0.0, (now or time.time()) - os.stat(path).st_mtime)
     except OSError:
         return None
+
+
+def cgroup_oom_kills():
+    """The cgroup's oom_kill counter now (v2 memory.events, v1 memory.oom_control), or None if unreadable.
+
+    The wrapper records it at each attempt start so status can tell a new OOM kill from an old one."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] == "oom_kill":
+                        return int(parts[1])
+        except (IOError, OSError, ValueError):
+            continue
+    return None

@@ -1,6 +1,6 @@
-"""The molecule scenarios (molecule/probe, molecule/env_check) end to end: `molecule test -s <scenario>`.
+"""The molecule scenarios (molecule/<scenario>, listed in SCENARIOS) end to end: `molecule test -s <scenario>`.
 
-Each scenario creates two podman stub GPU hosts through tests/harness (autodl-like and runpod-like), converges
+Each scenario creates its podman stub GPU hosts through tests/harness (autodl-like and/or runpod-like), converges
 the role over real ssh with pinned host keys, converges again (idempotence: 0 changed), verifies with testinfra
 and destroys the stubs. Skipped only when podman is not installed.
 """
@@ -47,7 +47,20 @@ def stub_image():
     sh.ensure_image(build=False)  # builds localhost/rgt-stub:latest only when it is missing
 
 
-@pytest.mark.parametrize("scenario", ["probe", "env_check"])
+# Lifecycle order. Each scenario is self-contained (its own stubs; the spine scenarios lay out or ship what they
+# need in converge), so any one can run alone: pytest -k "test_molecule_scenario and collect".
+SCENARIOS = [
+    "probe",
+    "env_check",
+    "upload_resume",
+    "launch_detached",
+    "monitor",
+    "collect",
+    # teardown: added with molecule/teardown (fake control plane), after collect
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_molecule_scenario(scenario, stub_image):
     molecule = VENV_BIN / "molecule"
     cmd = [str(molecule) if molecule.exists() else "molecule", "test", "-s", scenario]

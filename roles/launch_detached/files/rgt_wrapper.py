@@ -289,7 +289,7 @@ class Wrapper:
                                               "incarnation": inc})
         rl.append_jsonl(self.paths.attempts, {
             "attempt": self.attempt, "started_at": now_iso(started), "code_dir": job.get("code_dir"),
-            "resume_from": resume_from, "incarnation": inc,
+            "resume_from": resume_from, "incarnation": inc, "oom_kill": rl.cgroup_oom_kills(),
             "detach": "tmux" if os.environ.get("TMUX") else "nohup"})
         if self.stop_signal:  # a stop that arrived while starting
             self.forward_stop()
