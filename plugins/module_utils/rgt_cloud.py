@@ -1,0 +1,384 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller-side meter-stop clients, one per `meter_stop.api.client` named in profiles/*.yml.
+
+Every client speaks the shapes in docs (platform-apis.md) through one stdlib HTTP helper:
+- the key is read from the environment variable NAMED by the profile (`api.key_env`); it never appears in argv,
+  a log line, an exception or a return value;
+- the base URL comes from the variable named by `api.base_url_env` when set, else the profile's `api.base_url`
+  (a caller may pass an explicit override, e.g. a test's fake server);
+- 429 honours Retry-After (bounded), 401/403 name the variable to set, 409 is an invalid transition, and
+  HTTP-200-with-error bodies (vast `success: false`, AutoDL `code != "Success"`, Lambda `error`) are errors.
+
+`teardown()` is the one algorithm for all of them: look first (already gone: no call), call the meter-stop
+ONCE, re-query on a timeout or a 409 instead of calling again, then poll until the platform says gone (bounded).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import os
+import socket
+import time
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote, urlencode
+from urllib.request import Request, urlopen
+
+GONE = "gone"
+STOPPED = "stopped"
+UNKNOWN = "unknown — check the console"
+
+
+class CloudError(Exception):
+    """kind: auth | conflict | rate_limited | timeout | network | api | config. `status`: the HTTP status."""
+
+    def __init__(self, message, kind="api", status=None):
+        super(CloudError, self).__init__(message)
+        self.message = message
+        self.kind = kind
+        self.status = status
+
+
+class Http(object):
+    """A tiny JSON-over-HTTP client that records every call as {method, path, status} (no query values)."""
+
+    def __init__(self, base_url, auth_header, key_env, timeout=30.0, max_retries_429=4, max_retry_after=60.0,
+                 sleep=time.sleep, platform="the platform"):
+        self.base_url = base_url.rstrip("/")
+        self._auth = auth_header  # (name, value) — private; never logged or returned
+        self.key_env = key_env
+        self.timeout = timeout
+        self.max_retries_429 = max_retries_429
+        self.max_retry_after = max_retry_after
+        self.sleep = sleep
+        self.platform = platform
+        self.calls = []
+
+    def request(self, method, path, body=None, query=None, timeout=None, allow=(404,)):
+        """Returns (status, doc). Statuses in `allow` are returned; other non-2xx raise CloudError."""
+        url = self.base_url + path + (("?" + urlencode(query)) if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        attempt = 0
+        while True:
+            req = Request(url, data=data, method=method)
+            req.add_header("Accept", "application/json")
+            if data is not None:
+                req.add_header("Content-Type", "application/json")
+            req.add_header(self._auth[0], self._auth[1])
+            entry = {"method": method, "path": path, "status": None}
+            self.calls.append(entry)
+            try:
+                resp = urlopen(req, timeout=timeout or self.timeout)
+                status, raw, headers = resp.status, resp.read(), resp.headers
+            except HTTPError as exc:
+                status, raw, headers = exc.code, exc.read() or b"", exc.headers
+            except (socket.timeout, TimeoutError) as exc:
+                entry["status"] = "timeout"
+                raise CloudError("%s %s: %s gave no answer within %.0f s (%s)" % (
+                    method, path, self.platform, timeout or self.timeout, exc), kind="timeout") from None
+            except URLError as exc:
+                reason = getattr(exc, "reason", exc)
+                entry["status"] = "timeout" if isinstance(reason, (socket.timeout, TimeoutError)) else "error"
+                raise CloudError("%s %s: cannot reach %s (%s)" % (method, path, self.platform, reason),
+                                 kind="timeout" if entry["status"] == "timeout" else "network") from None
+            entry["status"] = status
+            doc = _parse(raw)
+            if status == 429 and attempt < self.max_retries_429:
+                attempt += 1
+                self.sleep(_retry_after(headers, self.max_retry_after, attempt))
+                continue
+            if status == 429:
+                raise CloudError("%s rate-limited %s %s %d times; try again in a minute" %
+                                 (self.platform, method, path, attempt + 1), kind="rate_limited", status=429)
+            if status in (401, 403):
+                raise CloudError("%s refused the API key (HTTP %d on %s %s): set %s to a valid key with the "
+                                 "needed scope" % (self.platform, status, method, path, self.key_env),
+                                 kind="auth", status=status)
+            if status in allow:
+                return status, doc
+            if status == 409:
+                raise CloudError("%s: invalid transition for %s %s (HTTP 409): %s" %
+                                 (self.platform, method, path, _error_text(doc)), kind="conflict", status=409)
+            if status >= 400:
+                raise CloudError("%s answered HTTP %d to %s %s: %s" % (self.platform, status, method, path,
+                                                                       _error_text(doc)), status=status)
+            return status, doc
+
+
+def _parse(raw):
+    if not raw:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8", "replace"))
+    except ValueError:
+        return {"raw": raw[:500].decode("utf-8", "replace")}
+
+
+def _retry_after(headers, cap, attempt):
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        wait = float(value)
+    except (TypeError, ValueError):
+        wait = float(2 ** attempt)
+    return max(0.0, min(wait, cap))
+
+
+def _error_text(doc):
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("code") or err)
+        for key in ("detail", "msg", "message", "title", "error"):
+            if doc.get(key):
+                return str(doc[key])
+    return str(doc)[:300] if doc is not None else "(no body)"
+
+
+class Client(object):
+    """Base meter-stop client. Subclasses: `state(id)`, `stop(id)`, `gone(state, after_call)`."""
+
+    auth_scheme = "Bearer "
+    reversible = False
+    done_label = GONE
+    platform = "the platform"
+
+    def __init__(self, api, env=None, base_url=None, http_timeout=30.0, sleep=time.sleep, max_retry_after=60.0):
+        env = os.environ if env is None else env
+        api = api or {}
+        self.key_env = api.get("key_env") or ""
+        base_env = api.get("base_url_env")
+        url = base_url or (env.get(base_env) if base_env else None) or api.get("base_url")
+        if not url:
+            raise CloudError("no base URL for %s: the profile's meter_stop.api.base_url is empty" % self.platform,
+                             kind="config")
+        key = env.get(self.key_env) if self.key_env else None
+        if not key:
+            raise CloudError("%s is not set: export %s=<your %s API key> on the controller (the key is read "
+                             "from the environment, never from a command line)" %
+                             (self.key_env or "the API key variable", self.key_env or "KEY", self.platform),
+                             kind="auth")
+        self.http = Http(url, ("Authorization", self.auth_scheme + key), self.key_env, timeout=http_timeout,
+                         sleep=sleep, max_retry_after=max_retry_after, platform=self.platform)
+        self.warnings = []
+
+    @property
+    def calls(self):
+        return self.http.calls
+
+    def state(self, instance_id):
+        raise NotImplementedError
+
+    def stop(self, instance_id):
+        raise NotImplementedError
+
+    def gone(self, state, after_call):
+        return state == GONE
+
+    def leftovers(self, instance_id):
+        """Resources that outlive the instance and keep billing (Paperspace lists them)."""
+        return []
+
+
+class RunPodRest(Client):
+    """RunPod REST v2: DELETE /v2/pods/{id} → 204; GET /v2/pods/{id} until 404 (or status TERMINATED)."""
+
+    platform = "RunPod"
+
+    def state(self, instance_id):
+        status, doc = self.http.request("GET", "/v2/pods/" + quote(instance_id, safe=""))
+        if status == 404:
+            return GONE
+        pod_status = str((doc or {}).get("status") or (doc or {}).get("desiredStatus") or "unknown")
+        return GONE if pod_status.upper() == "TERMINATED" else pod_status.lower()
+
+    def stop(self, instance_id):
+        self.http.request("DELETE", "/v2/pods/" + quote(instance_id, safe=""), allow=())
+
+
+class VastRest(Client):
+    """vast.ai: DELETE /api/v0/instances/{id}/ then GET .../{id}/?owner=me until 404, null, exited or destroyed."""
+
+    platform = "vast.ai"
+
+    def state(self, instance_id):
+        status, doc = self.http.request("GET", "/api/v0/instances/%s/" % quote(instance_id, safe=""),
+                                        query={"owner": "me"})
+        if status == 404:
+            return GONE
+        inst = (doc or {}).get("instances")
+        if not inst:
+            return GONE
+        if isinstance(inst, list):
+            inst = inst[0]
+        return str(inst.get("actual_status") or inst.get("cur_state") or "unknown").lower()
+
+    def gone(self, state, after_call):
+        # `exited` is also a stopped (disk-billing) instance: it counts as gone only after our destroy
+        return state in (GONE, "destroyed") or (after_call and state == "exited")
+
+    def stop(self, instance_id):
+        _, doc = self.http.request("DELETE", "/api/v0/instances/%s/" % quote(instance_id, safe=""), body={},
+                                   allow=())
+        if isinstance(doc, dict) and doc.get("success") is False:
+            raise CloudError("vast.ai refused the destroy: %s" % _error_text(doc), kind="api", status=200)
+
+
+class LambdaRest(Client):
+    """Lambda Cloud: POST /instance-operations/terminate (client timeout), GET /instances/{id} until terminated."""
+
+    platform = "Lambda Cloud"
+
+    def state(self, instance_id):
+        status, doc = self.http.request("GET", "/instances/" + quote(instance_id, safe=""))
+        if status == 404:
+            return GONE
+        if isinstance(doc, dict) and doc.get("error"):
+            raise CloudError("Lambda Cloud: %s" % _error_text(doc), status=status)
+        inst = (doc or {}).get("data") or {}
+        fs = inst.get("file_system_names") or []
+        if fs and not any("filesystem" in w for w in self.warnings):
+            self.warnings.append("attached filesystem(s) %s keep billing until deleted in the console "
+                                 "(Storage → Delete)" % ", ".join(fs))
+        state = str(inst.get("status") or "unknown").lower()
+        return GONE if state == "terminated" else state
+
+    def gone(self, state, after_call):
+        if state in ("alert", "unhealthy") and after_call:
+            self.warnings.append("the instance reported '%s' while terminating: check the console" % state)
+        return state == GONE
+
+    def stop(self, instance_id):
+        _, doc = self.http.request("POST", "/instance-operations/terminate", body={"instance_ids": [instance_id]},
+                                   allow=())
+        if isinstance(doc, dict) and doc.get("error"):
+            raise CloudError("Lambda Cloud refused the terminate: %s" % _error_text(doc), status=200)
+
+
+class PaperspaceRest(Client):
+    """Paperspace: DELETE /machines/{id}, GET /machines/{id} until 404; then list what still bills (never delete)."""
+
+    platform = "Paperspace"
+    LISTS = (("public-ips", "public IP"), ("storage", "storage volume"), ("snapshots", "snapshot"))
+
+    def state(self, instance_id):
+        status, doc = self.http.request("GET", "/machines/" + quote(instance_id, safe=""))
+        if status == 404:
+            return GONE
+        return str((doc or {}).get("state") or "unknown").lower()
+
+    def stop(self, instance_id):
+        self.http.request("DELETE", "/machines/" + quote(instance_id, safe=""), allow=())
+
+    def leftovers(self, instance_id):
+        found = []
+        for path, label in self.LISTS:
+            try:
+                _, doc = self.http.request("GET", "/" + path, allow=())
+            except CloudError as exc:
+                found.append("could not list %ss (%s): check the console" % (label, exc.message))
+                continue
+            items = doc.get("items", []) if isinstance(doc, dict) else (doc or [])
+            for item in items:
+                if not isinstance(item, dict):
+                    continue
+                name = item.get("ip") or item.get("name") or item.get("id")
+                owner = item.get("assignedMachineId") or item.get("machineId") or item.get("sourceMachineId")
+                tie = " (from this machine)" if owner == instance_id else ""
+                found.append("%s %s%s still bills until deleted or released (needs its own confirmation)" %
+                             (label, name, tie))
+        return found
+
+
+class AutoDLToken(Client):
+    """AutoDL Pro API: POST .../pro/power_off {instance_uuid} (reversible 关机), GET .../pro/status until shutdown."""
+
+    platform = "AutoDL"
+    auth_scheme = ""  # `Authorization: <developer token>`, no Bearer
+    reversible = True
+    done_label = STOPPED
+    BASE = "/api/v1/dev/instance/pro"
+
+    def _check(self, doc, what):
+        if not isinstance(doc, dict) or doc.get("code") != "Success":
+            raise CloudError("AutoDL %s failed: code %s: %s" % (what, (doc or {}).get("code"), _error_text(doc)),
+                             kind="api", status=200)
+        return doc.get("data")
+
+    def state(self, instance_id):
+        _, doc = self.http.request("GET", self.BASE + "/status", query={"instance_uuid": instance_id}, allow=())
+        data = self._check(doc, "status")
+        status = data.get("status") if isinstance(data, dict) else data
+        return str(status or "unknown").lower()
+
+    def gone(self, state, after_call):
+        return state == "shutdown"
+
+    def stop(self, instance_id):
+        _, doc = self.http.request("POST", self.BASE + "/power_off", body={"instance_uuid": instance_id}, allow=())
+        self._check(doc, "power_off")
+
+
+CLIENTS = {"runpod_rest": RunPodRest, "vast_rest": VastRest, "lambda_rest": LambdaRest,
+           "paperspace_rest": PaperspaceRest, "autodl_token": AutoDLToken}
+
+
+def make_client(api, **kw):
+    name = (api or {}).get("client")
+    if name not in CLIENTS:
+        raise CloudError("no meter-stop client named %r (known: %s)" % (name, ", ".join(sorted(CLIENTS))),
+                         kind="config")
+    return CLIENTS[name](api, **kw)
+
+
+def teardown(client, instance_id, poll_timeout_s=300.0, poll_interval_s=5.0, clock=time.monotonic,
+             sleep=time.sleep, resume_poll=False):
+    """Stop the meter once and poll until the platform says so. Returns a result dict; raises CloudError for
+    auth/config errors and for a refused call, and returns final_state UNKNOWN when the poll runs out.
+    `resume_poll`: an earlier run already made the call and ran out of time polling: only poll again."""
+    result = {"final_state": None, "already": False, "stop_called": False, "warnings": client.warnings,
+              "states": []}
+    first = client.state(instance_id)
+    result["states"].append(first)
+    if client.gone(first, after_call=resume_poll):
+        result.update(final_state=client.done_label, already=True)
+        return result
+    try:
+        if resume_poll:
+            client.warnings.append("the meter-stop call was made by an earlier run; polling again, not calling")
+        else:
+            result["stop_called"] = True
+            client.stop(instance_id)
+    except CloudError as exc:
+        if exc.kind not in ("timeout", "network", "conflict") and exc.status != 404:
+            raise
+        # the call may have taken effect: look, never call again
+        seen = client.state(instance_id)
+        result["states"].append(seen)
+        progressing = client.gone(seen, after_call=True) or seen in ("terminating", "stopping", "shutting_down",
+                                                                      "exited", "destroying", "releasing")
+        if not progressing:
+            raise CloudError("%s; the instance still reports '%s' — not calling again: check the console" %
+                             (exc.message, seen), kind=exc.kind, status=exc.status) from None
+        client.warnings.append("%s; the platform already reports '%s', so the call took effect" %
+                               (exc.message, seen))
+    deadline = clock() + poll_timeout_s
+    while True:
+        try:
+            seen = client.state(instance_id)
+        except CloudError as exc:
+            if exc.kind in ("auth", "config"):
+                raise
+            seen = "error: %s" % exc.message
+        if not result["states"] or result["states"][-1] != seen:
+            result["states"].append(seen)
+        if client.gone(seen, after_call=True):
+            result["final_state"] = client.done_label
+            return result
+        if clock() >= deadline:
+            result["final_state"] = UNKNOWN
+            result["last_seen"] = seen
+            return result
+        sleep(max(0.0, min(poll_interval_s, deadline - clock())))

@@ -1,0 +1,100 @@
+"""The teardown role and playbook run alone with ansible-playbook (no runner) on the controller (connection local):
+the role gates itself, the reversible AutoDL 关机 against a fake, manual and `none` verbs call nothing, and
+check mode reports without calling."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.capsule import make_pull
+from tests.fakes.control_planes import AutoDL, RunPodV2
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+RUN_ID = "loc-run"
+
+pytestmark = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="needs .venv with ansible-core")
+
+
+class Box:
+    def __init__(self, tmp_path: Path, profile: str, instance_id: str):
+        self.tmp = tmp_path
+        self.instance_id = instance_id
+        self.durable = tmp_path / "durable"
+        self.runs = tmp_path / "runs"
+        self.ledger = tmp_path / "ledger"
+        raw, files = make_pull(self.runs, RUN_ID, "box", instance_id)
+        export = self.durable / "proj" / "export"
+        for rel, data in files.items():
+            (export / RUN_ID / rel).parent.mkdir(parents=True, exist_ok=True)
+            (export / RUN_ID / rel).write_bytes(data)
+        (export / f"{RUN_ID}.manifest.json").write_bytes(raw)
+        inv = tmp_path / "hosts.yml"
+        inv.write_text(json.dumps({"all": {"hosts": {"box": {
+            "ansible_connection": "local", "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
+            "rgt_profile": profile, "rgt_instance_id": instance_id, "rgt_durable_root": str(self.durable),
+            "rgt_project": "proj", "rgt_job": {"name": RUN_ID}}}}}))
+        self.inv = inv
+
+    def play(self, *args: str, env: dict | None = None, **evars) -> subprocess.CompletedProcess:
+        extra = {"rgt_ledger_dir": str(self.ledger), "rgt_runs_dir": str(self.runs), "teardown_poll_interval_s": 0.3,
+                 "teardown_poll_timeout_s": 20, **evars}
+        full_env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                    "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"), "ANSIBLE_NOCOLOR": "1", **(env or {})}
+        return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(self.inv), str(REPO / "playbooks" / "teardown.yml"),
+                               "-e", json.dumps(extra), *args], capture_output=True, text=True, env=full_env,
+                              cwd=REPO, timeout=300)
+
+    def record(self) -> dict | None:
+        path = self.ledger / "teardown" / "box.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_playbook_alone_refuses_without_confirmation(tmp_path):
+    box = Box(tmp_path, "runpod", "pod-local-1")
+    with RunPodV2(token="t") as fake:
+        fake.add_pod("pod-local-1")
+        proc = box.play(env={"RUNPOD_API_KEY": "t"}, teardown_base_url=fake.url)
+        assert proc.returncode != 0
+        assert "no confirmation" in proc.stdout and "rc_hint" in proc.stdout
+        assert fake.calls() == []
+    assert box.record() is None
+
+
+def test_check_mode_reports_and_calls_nothing(tmp_path):
+    box = Box(tmp_path, "runpod", "pod-local-2")
+    with RunPodV2(token="t") as fake:
+        fake.add_pod("pod-local-2")
+        proc = box.play("--check", env={"RUNPOD_API_KEY": "t"}, teardown_base_url=fake.url,
+                        rgt_teardown_confirm="pod-local-2")
+        assert proc.returncode == 0, proc.stdout
+        assert "would terminate pod-local-2" in proc.stdout
+        assert fake.calls() == []
+    assert box.record() is None
+
+
+def test_autodl_power_off_is_reversible_and_waits_for_shutdown(tmp_path):
+    box = Box(tmp_path, "autodl", "adl-local-1")
+    with AutoDL(token="adl-token", lag_s=1.0) as fake:
+        fake.add_instance("adl-local-1")
+        proc = box.play(env={"AUTODL_TOKEN": "adl-token"}, teardown_base_url=fake.url,
+                        rgt_teardown_confirm="adl-local-1")
+        assert proc.returncode == 0, proc.stdout
+        assert len(fake.calls("POST")) == 1
+        assert all(r["headers"]["Authorization"] == "<redacted>" for r in fake.calls())
+    rec = box.record()
+    assert rec["final_state"] == "stopped" and rec["reversible"] is True and rec["verb"] == "power_off"
+    assert any("autodl-tmp" in line for line in rec["keeps_billing"])
+    assert "adl-token" not in proc.stdout + json.dumps(rec)
+
+
+@pytest.mark.parametrize("profile, expect", [("generic_ssh", "manual"), ("local", "nothing to stop")])
+def test_verbs_without_an_api_call_nothing(tmp_path, profile, expect):
+    box = Box(tmp_path, profile, "box-1")
+    proc = box.play(rgt_teardown_confirm="box-1")
+    assert proc.returncode == 0, proc.stdout
+    rec = box.record()
+    assert expect in rec["final_state"] and rec["calls"] == []
