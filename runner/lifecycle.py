@@ -80,7 +80,7 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
                           f"{pull.runs_dir(args.runs_dir)}")
             step("teardown", errors.OK)
         else:
-            code = step("teardown", teardown._teardown(argparse.Namespace(**quiet), console))
+            code = step("teardown", teardown.cmd_teardown(argparse.Namespace(**quiet), console))
     if args.json:
         sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "exit_code": code}) + "\n")
     return code

@@ -105,7 +105,7 @@ def main_teardown(argv: list[str] | None = None) -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     as_json = "--json" in argv
     try:
-        return _teardown(build_parser().parse_args(argv), console)
+        return cmd_teardown(build_parser().parse_args(argv), console)
     except RgtError as exc:
         from rgt.cli import emit
 
@@ -120,7 +120,7 @@ def main_teardown(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _teardown(args: argparse.Namespace, console: Console) -> int:
+def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import emit, prepare
     from rgt.phases import run_playbook
 
