@@ -110,32 +110,39 @@ def cmd_profiles(argv: list[str], console: Console) -> int:
     return errors.OK
 
 
+def dispatch(argv: list[str], console: Console) -> int:
+    """Route a command line to its subcommand; anything else is a playbook."""
+    cmd = argv[0] if argv else ""
+    if cmd == "profiles":
+        return cmd_profiles(argv[1:], console)
+    if cmd == "pin":
+        from rgt.pin import cmd_pin
+        return cmd_pin(argv[1:], console)
+    if cmd in ("status", "watch"):
+        from rgt import status
+        return status.run(cmd, argv[1:], console)
+    if cmd == "pull":
+        from rgt import pull
+        return pull.cmd_pull(pull.build_parser().parse_args(argv[1:]), console)
+    if cmd == "teardown":
+        from rgt import teardown
+        return teardown.cmd_teardown(teardown.build_parser().parse_args(argv[1:]), console)
+    if cmd == "lifecycle":
+        from rgt import lifecycle
+        return lifecycle.cmd_lifecycle(lifecycle.build_parser().parse_args(argv[1:]), console)
+    if cmd == "smoke" and not ({"-i", "--inventory"} & set(argv)):
+        # the smoke runs on the controller: no box needed, the embedded local inventory carries it
+        argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
+    return cmd_playbook(build_parser().parse_args(argv), console)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every command's errors end here: one message, the fix, the exit code, and a JSON error doc with --json."""
     argv = list(sys.argv[1:] if argv is None else argv)
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     as_json = "--json" in argv
     try:
-        if argv and argv[0] == "profiles":
-            return cmd_profiles(argv[1:], console)
-        if argv and argv[0] == "pin":
-            from rgt.pin import cmd_pin
-            return cmd_pin(argv[1:], console)
-        if argv and argv[0] in ("status", "watch"):
-            from rgt import status
-            return (status.main_status if argv[0] == "status" else status.main_watch)(argv[1:])
-        if argv and argv[0] == "pull":
-            from rgt.pull import main_pull
-            return main_pull(argv[1:])
-        if argv and argv[0] == "teardown":
-            from rgt.teardown import main_teardown
-            return main_teardown(argv[1:])
-        if argv and argv[0] == "smoke" and not ({"-i", "--inventory"} & set(argv)):
-            # the smoke runs on the controller: no box needed, the embedded local inventory carries it
-            argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
-        if argv and argv[0] == "lifecycle":
-            from rgt import lifecycle
-            return lifecycle.cmd_lifecycle(lifecycle.build_parser().parse_args(argv[1:]), console)
-        return cmd_playbook(build_parser().parse_args(argv), console)
+        return dispatch(argv, console)
     except RgtError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         if exc.fix:

@@ -13,11 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from rgt.errors import RgtError
 from rich.console import Console
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rgt-run pull", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
@@ -84,21 +83,9 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
 
 
 def main_pull(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    as_json = "--json" in argv
-    try:
-        return cmd_pull(_parser().parse_args(argv), console)
-    except RgtError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.fix:
-            console.print(f"  fix: {exc.fix}")
-        if as_json:
-            sys.stdout.write(json.dumps({"command": "pull", **exc.as_dict()}, sort_keys=True) + "\n")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: re-run the same command to resume the pull")
-        return 130
+    from rgt.cli import main
+
+    return main(["pull", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rgt import errors
-from rgt.errors import RgtError
 from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 from rich.console import Console
 from rich.table import Table
@@ -399,30 +398,22 @@ def _parser(prog: str, watch: bool) -> argparse.ArgumentParser:
     return p
 
 
-def _main(argv: list[str] | None, command: str) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    as_json = "--json" in argv
-    try:
-        args = _parser(f"rgt-run {command}", command == "watch").parse_args(argv)
-        if command == "watch":
-            return cmd_watch(args, console)
-        args.interval, args.max_ticks = None, None
-        return cmd_status(args, console)
-    except RgtError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.fix:
-            console.print(f"  fix: {exc.fix}")
-        emit({"command": command, **exc.as_dict()}, as_json)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: nothing on the box was stopped; the runs keep going")
-        return 130
+def run(command: str, argv: list[str], console: Console) -> int:
+    """`rgt-run status|watch ARGS` (errors are reported by rgt.cli.main)."""
+    args = _parser(f"rgt-run {command}", command == "watch").parse_args(argv)
+    if command == "watch":
+        return cmd_watch(args, console)
+    args.interval, args.max_ticks = None, None
+    return cmd_status(args, console)
 
 
 def main_status(argv: list[str] | None = None) -> int:
-    return _main(argv, "status")
+    from rgt.cli import main
+
+    return main(["status", *(sys.argv[1:] if argv is None else argv)])
 
 
 def main_watch(argv: list[str] | None = None) -> int:
-    return _main(argv, "watch")
+    from rgt.cli import main
+
+    return main(["watch", *(sys.argv[1:] if argv is None else argv)])

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from rgt import errors
-from rgt.errors import RgtError
 from rgt.ledger import ledger_dir, read_json
 from rich.console import Console
 from rich.panel import Panel
@@ -101,23 +100,9 @@ def runs_dir(explicit: str | None) -> Path:
 
 
 def main_teardown(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    as_json = "--json" in argv
-    try:
-        return cmd_teardown(build_parser().parse_args(argv), console)
-    except RgtError as exc:
-        from rgt.cli import emit
+    from rgt.cli import main
 
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.fix:
-            console.print(f"  fix: {exc.fix}")
-        emit({"command": "teardown", **exc.as_dict()}, as_json)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]: run `rgt-run teardown` again; an instance already stopping is "
-                      "re-checked, never stopped twice")
-        return 130
+    return main(["teardown", *(sys.argv[1:] if argv is None else argv)])
 
 
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
