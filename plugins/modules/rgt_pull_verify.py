@@ -59,8 +59,9 @@ options:
   not_pulled:
     type: list
     elements: dict
-    default: []
-    description: "[{path, reason}] left on the box (provenance)."
+    description:
+      - "[{path, reason}] left on the box (provenance)."
+      - Omitted (a verify-only run, which does not look at the box) keeps the provenance note as it is.
   verify:
     type: bool
     default: true
@@ -209,7 +210,7 @@ def main():
             declared_checkpoints=dict(type="list", elements="str", default=[]),
             verify_command=dict(type="str"),
             verify_timeout_s=dict(type="int", default=3600),
-            not_pulled=dict(type="list", elements="dict", default=[]),
+            not_pulled=dict(type="list", elements="dict", default=None),
             verify=dict(type="bool", default=True),
             write_marker=dict(type="bool", default=True),
             max_names=dict(type="int", default=20),
@@ -305,7 +306,9 @@ def main():
             marker_doc["verified_at"] = now_iso()
         changed = write_if_changed(marker, json.dumps(marker_doc, sort_keys=True, indent=1) + "\n")
         run_doc = read_json(os.path.join(dest, "run.json")) or {}
-        changed = write_if_changed(prov_path, provenance(p, doc, sha, run_doc, checkpoints)) or changed
+        if p["not_pulled"] is not None or not os.path.exists(prov_path):
+            p["not_pulled"] = p["not_pulled"] or []
+            changed = write_if_changed(prov_path, provenance(p, doc, sha, run_doc, checkpoints)) or changed
         result["changed"] = result["changed"] or changed
         result["provenance"] = prov_path
     result["msg"] = "PULL VERIFIED: %d files, %d bytes, SHA-256 match (%s)" % (

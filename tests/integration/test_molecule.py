@@ -56,7 +56,7 @@ SCENARIOS = [
     "launch_detached",
     "monitor",
     "collect",
-    # teardown: added with molecule/teardown (fake control plane), after collect
+    "teardown",  # against a fake RunPod control plane
 ]
 
 
