@@ -18,19 +18,9 @@ description:
     C(REASON.txt), and the module fails with the reason.
   - A sealed export is never overwritten; a second closeout is a no-op (C(changed=false), "already sealed").
   - See docs/internals.md "Closeout, pull, verification, teardown".
+extends_documentation_fragment:
+  - rgt.remote_gpu.run_layout
 options:
-  durable_root:
-    type: str
-    required: true
-    description: "Durable root (C(~) and C({user}) are expanded)."
-  project:
-    type: str
-    default: rgt
-    description: "Project directory under the durable root."
-  run_id:
-    type: str
-    required: true
-    description: "The run id (C(^[A-Za-z0-9._-]+$))."
   host:
     type: str
     required: true

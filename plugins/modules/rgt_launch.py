@@ -30,19 +30,9 @@ description:
   - After the start it waits until the wrapper's heartbeat names the new attempt (at most
     O(first_heartbeat_timeout_s)); it never waits for the job itself.
   - Secrets never reach an argv; the wrapper sources O(secrets_file) inside bash.
+extends_documentation_fragment:
+  - rgt.remote_gpu.run_layout
 options:
-  durable_root:
-    description: Durable root of the run layout; C(~) and C({user}) are expanded on the box.
-    type: str
-    required: true
-  project:
-    description: Project directory under the durable root.
-    type: str
-    default: rgt
-  run_id:
-    description: The run's identity (C(rgt_job.run_id | default(rgt_job.name))), C(^[A-Za-z0-9._-]+$).
-    type: str
-    required: true
   job:
     description:
       - The job spec (C(rgt_job)). Used keys - C(command) (required), C(python) (absolute interpreter path,
@@ -195,18 +185,13 @@ from shlex import quote
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 CGROUP_ROOT = "/sys/fs/cgroup"
 DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
 
 
-def read(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
 
 
 def cgroup_cpu_quota():

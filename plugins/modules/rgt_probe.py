@@ -124,10 +124,10 @@ import getpass
 import os
 import shutil
 import socket
-import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_probe_eval
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
 
 QUERY_GPU_FIELDS = ["index", "uuid", "name", "pci.bus_id", "driver_version", "memory.total",
                     "memory.used", "utilization.gpu", "temperature.gpu", "clocks.sm",
@@ -137,32 +137,6 @@ TOOLS = ["tmux", "rsync", "python3", "python", "fuser", "lsof", "nvidia-smi"]
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def run(argv, timeout):
-    """Run a command bounded by `timeout`, C locale; never raises. Returns (rc, out, err)."""
-    env = dict(os.environ)
-    env["LC_ALL"] = "C"
-    env["LANG"] = "C"
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                universal_newlines=True)
-    except OSError as exc:
-        return 127, "", str(exc)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        return 124, out or "", "timed out after %ss" % timeout
-    return proc.returncode, out or "", err or ""
-
-
-def read(path):
-    """File text or None (missing or unreadable files are facts, not errors)."""
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
 
 
 # ---------------------------------------------------------------- GPU

@@ -27,19 +27,9 @@ description:
   - GPU figures come from the wrapper's C(gpu.csv) (the latest samples); without it, one bounded
     C(nvidia-smi --query-gpu) call (10 s) is made when nvidia-smi is installed.
   - Read-only. A job state is data, never a module failure; the module fails only when it cannot run at all.
+extends_documentation_fragment:
+  - rgt.remote_gpu.run_layout
 options:
-  durable_root:
-    description: The run layout's durable root (C(~) and C({user}) expand on the box).
-    type: str
-    required: true
-  project:
-    description: Project directory under the durable root.
-    type: str
-    default: rgt
-  run_id:
-    description: The run id (C(rgt_job.run_id), default C(rgt_job.name)).
-    type: str
-    required: true
   mounts:
     description: Paths whose bytes% and inodes% are reported. Empty means the durable root and C(/).
       Missing paths are skipped with a warning.
@@ -86,11 +76,11 @@ status:
 import os
 import shutil
 import socket
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_reconcile, rgt_runlayout
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 GPU_FIELDS = ["index", "utilization.gpu", "memory.used", "memory.total"]
@@ -98,31 +88,6 @@ GPU_SAMPLES_PER_INDEX = 3
 TIMEOUT = 10
 
 
-def run(argv, timeout=TIMEOUT):
-    """Run a command bounded by `timeout`, C locale; never raises. Returns (rc, out, err)."""
-    env = dict(os.environ)
-    env["LC_ALL"] = "C"
-    env["LANG"] = "C"
-    try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                universal_newlines=True)
-    except OSError as exc:
-        return 127, "", str(exc)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        return 124, out or "", "timed out after %ss" % timeout
-    return proc.returncode, out or "", err or ""
-
-
-def read(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
 
 
 def read_tail(path, max_bytes):
@@ -152,9 +117,9 @@ def collect_mounts(paths, warnings):
             warnings.append("mount path %s does not exist" % path)
     if not existing:
         return []
-    rc, out, err = run(["df", "-P", "-B1", "--"] + existing)
+    rc, out, err = run(["df", "-P", "-B1", "--"] + existing, TIMEOUT)
     byte_rows = rgt_host.parse_df(out)
-    rc_i, out_i, err_i = run(["df", "-P", "-i", "--"] + existing)
+    rc_i, out_i, err_i = run(["df", "-P", "-i", "--"] + existing, TIMEOUT)
     inode_rows = rgt_host.parse_df(out_i)
     if not byte_rows:
         warnings.append("df failed (rc=%s): %s" % (rc, err.strip()[:200]))
@@ -225,7 +190,7 @@ def collect_gpu(paths, warnings):
     smi = shutil.which("nvidia-smi")
     if not smi:
         return [], None
-    rc, out, err = run([smi, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"])
+    rc, out, err = run([smi, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"], TIMEOUT)
     if rc != 0:
         warnings.append("nvidia-smi rc=%s: %s" % (rc, (err or out).strip()[:200]))
         return [], None
@@ -242,7 +207,7 @@ def session_alive(paths, attempt_start):
     tmux = shutil.which("tmux")
     if not tmux:
         return None
-    rc, _out, _err = run([tmux, "has-session", "-t", "=" + paths.session()])
+    rc, _out, _err = run([tmux, "has-session", "-t", "=" + paths.session()], TIMEOUT)
     return rc == 0
 
 
