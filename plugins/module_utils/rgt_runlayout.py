@@ -204,3 +204,11 @@ def cgroup_oom_kills():
         except (IOError, OSError, ValueError):
             continue
     return None
+
+
+# argument_spec entries of the run_layout doc fragment (plugins/doc_fragments/run_layout.py)
+RUN_LAYOUT_ARGS = dict(
+    durable_root=dict(type="str", required=True),
+    project=dict(type="str", default="rgt"),
+    run_id=dict(type="str", required=True),
+)

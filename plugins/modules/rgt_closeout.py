@@ -95,6 +95,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
+    RUN_LAYOUT_ARGS,
     RunPaths,
     atomic_write,
     expand_root,
@@ -205,9 +206,7 @@ def write_manifest(module, capsule, manifest_path, p):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            durable_root=dict(type="str", required=True),
-            project=dict(type="str", default="rgt"),
-            run_id=dict(type="str", required=True),
+            RUN_LAYOUT_ARGS,
             host=dict(type="str", required=True),
             instance_id=dict(type="str"),
             job_name=dict(type="str"),

@@ -379,9 +379,7 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            durable_root=dict(type="str", required=True),
-            project=dict(type="str", default="rgt"),
-            run_id=dict(type="str", required=True),
+            rl.RUN_LAYOUT_ARGS,
             job=dict(type="dict", required=True),
             code_dir=dict(type="path"),
             use_new_code=dict(type="bool", default=True),

@@ -268,9 +268,7 @@ def collect(params):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            durable_root=dict(type="str", required=True),
-            project=dict(type="str", default="rgt"),
-            run_id=dict(type="str", required=True),
+            rgt_runlayout.RUN_LAYOUT_ARGS,
             mounts=dict(type="list", elements="str", default=[]),
             log_tail_kb=dict(type="int", default=256),
         ),
