@@ -124,7 +124,8 @@ def test_env_check_places_secret_without_leaking_it(rgt, stub_fleet):
 
 def test_train_playbook_runs_probe_then_env_check(rgt, stub_fleet):
     inv = stub_inventory(stub_fleet, ["adl", "rp"], A100_JOB)
-    result = rgt("playbooks/train.yml", "-i", inv, "--json")
+    # (upload and launch are the run spine's: tests/integration/test_run_spine.py)
+    result = rgt("playbooks/train.yml", "-i", inv, "--tags", "probe,env_check", "--json")
     assert result.rc == 0, result.stderr
     events = sorted((rgt.ledger / "events").glob("*-train-*.jsonl"))[-1].read_text()
     assert events.index("Probe the box") < events.index("Check interpreter")
