@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+
 from rgt import errors, paths
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, validate_job
 from rgt.ledger import ledger_dir
-from rich.console import Console
 
 SUBCOMMANDS = ("profiles", "pin", "lifecycle", "smoke", "status", "watch", "pull", "teardown")
 

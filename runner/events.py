@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rgt.ledger import append_jsonl
 from rich.console import Console
+
+from rgt.ledger import append_jsonl
 
 HOST_KEY_PATTERNS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
                      "No ED25519 host key is known", "host key for", "No matching host key")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 from referencing import Registry, Resource
+
 from rgt import paths
 from rgt.errors import InputError
 from rgt.profiles import ProfileError, load_profile, profile_names

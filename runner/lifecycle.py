@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
-from rgt import errors, paths
 from rich.console import Console
+
+from rgt import errors, paths
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import ansible_runner
+from rich.console import Console
+
 from rgt import errors, paths
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
-from rich.console import Console
 
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import tempfile
 
+from rich.console import Console
+
 from rgt import errors
 from rgt.errors import GateRefused, InputError
 from rgt.inventory import known_hosts_file, load_hosts
 from rgt.ledger import atomic_write_bytes
-from rich.console import Console
 
 
 def fingerprint(key_line: str) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rich.console import Console
+
 from rgt import errors
 from rgt.inventory import Host
 from rgt.ledger import atomic_write_json, read_json
 from rgt.phases import PhaseResult
-from rich.console import Console
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}

@@ -22,10 +22,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rgt import errors
-from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 from rich.console import Console
 from rich.table import Table
+
+from rgt import errors
+from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90

@@ -16,10 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from rgt import errors
-from rgt.ledger import ledger_dir, read_json
 from rich.console import Console
 from rich.panel import Panel
+
+from rgt import errors
+from rgt.ledger import ledger_dir, read_json
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,6 +93,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     RUN_LAYOUT_ARGS,

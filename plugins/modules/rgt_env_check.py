@@ -168,6 +168,7 @@ import pwd
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_envcheck as ec
 
 HOOK_TIMEOUT_S = 30

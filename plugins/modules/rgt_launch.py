@@ -183,6 +183,7 @@ import time
 from shlex import quote
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read

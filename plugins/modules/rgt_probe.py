@@ -126,6 +126,7 @@ import shutil
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_probe_eval
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
 

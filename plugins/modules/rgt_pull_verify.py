@@ -122,6 +122,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import atomic_write, fsync_dir, read_json
 

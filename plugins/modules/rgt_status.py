@@ -79,6 +79,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_reconcile, rgt_runlayout
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
 

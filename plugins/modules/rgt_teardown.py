@@ -158,6 +158,7 @@ import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import (
     compare,

@@ -109,6 +109,7 @@ files_from:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_tree import (
     TreeError,
     build_manifest,

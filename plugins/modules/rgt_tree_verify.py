@@ -148,6 +148,7 @@ import datetime
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     append_jsonl,
     expand_root,

@@ -12,8 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from rgt import profiles
 from rich.console import Console
+
+from rgt import profiles
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = [
@@ -310,6 +311,7 @@ def test_user_profiles_dir_is_validated_the_same_way(tmp_path):
 
 def test_lookup_plugin_returns_the_profile_as_one_element_list():
     from ansible.errors import AnsibleError
+
     from ansible_collections.rgt.remote_gpu.plugins.lookup.profile import LookupModule
 
     result = LookupModule().run(["runpod"])
@@ -320,6 +322,7 @@ def test_lookup_plugin_returns_the_profile_as_one_element_list():
 
 def test_lookup_plugin_error_names_file_field_and_fix(tmp_path):
     from ansible.errors import AnsibleError
+
     from ansible_collections.rgt.remote_gpu.plugins.lookup.profile import LookupModule
 
     data = copy.deepcopy(raw("lambda"))

@@ -3,8 +3,8 @@
 import time
 
 import pytest
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud as c
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud as c
 from tests.fakes import control_planes as fk
 
 TOKEN = "test-token"

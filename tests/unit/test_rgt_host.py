@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "samples"

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_probe_eval as ev
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_reconcile as rc
 
 NOW = 1_800_000_000.0

@@ -4,6 +4,7 @@ import hashlib
 import os
 
 import pytest
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_tree as t
 
 

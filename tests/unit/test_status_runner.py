@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+
 from rgt import status
 from rgt.events import HostOutcome
-from rich.console import Console
 
 
 def console():

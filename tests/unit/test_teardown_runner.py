@@ -2,10 +2,11 @@
 
 import io
 
+from rich.console import Console
+
 from rgt import teardown as td
 from rgt.inventory import Host
 from rgt.profiles import load_profile
-from rich.console import Console
 
 
 def host(name, profile, instance_id):
