@@ -174,12 +174,13 @@ def _print_host(console: Console, host, entry: dict, out) -> None:
 def _next_step(doc: dict, inventory: str) -> str:
     states = [h for h in doc["hosts"].values()]
     if any(h.get("refused") for h in states):
-        return (f"rgt-run collect -i {inventory} (re-pull and re-verify), then rgt-run teardown -i {inventory} "
+        return (f"rgt-run pull -i {inventory} (re-pull and re-verify), then rgt-run teardown -i {inventory} "
                 "--confirm <instance-id>")
     if any(h.get("final_state") and "unknown" in str(h["final_state"]) for h in states):
         return "check the platform console: the instance was not reported gone in time (rgt will not call again)"
     if states and all(h.get("final_state") for h in states):
-        return "check the billing page once more; delete the storage that keeps billing when you no longer need it"
+        return ("done: whatever still bills is listed above (storage, volumes, IPs); delete it yourself when you no "
+                "longer need it")
     return ""
 
 
