@@ -338,6 +338,17 @@ def main():
     extra = {}
     changed = False
     api = meter.get("api") or {}
+    client_error = None
+    if api.get("client"):
+        try:
+            rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
+        except rgt_cloud.CloudError as exc:
+            client_error = exc
+    if client_error is not None and client_error.kind == "auth" and reversible and meter.get("manual_steps"):
+        # a reversible stop with no API key (AutoDL's 关机 is a console click for most users): the console steps
+        # are the way, not an error; with the key set, rgt makes the call itself
+        extra["warnings"] = ["%s; follow the console steps below instead" % client_error.message]
+        api = {}
     if api.get("client"):
         resume = p["resume_poll"]
         if resume is None:

@@ -212,3 +212,20 @@ def test_unfinished_run_is_refused(stub_fleet, rp_run):
     stub.exec(f"rm {run_dir}/.rgt/exit.json")
     res = pull()
     assert res.returncode == 1 and "run is not finished" in res.out, res.out
+
+
+def test_user_check_command_must_pass_for_the_pull_to_verify(stub_fleet, rp_run, tmp_path):
+    stub, run_id, pull = rp_run
+    make_run(stub, run_id)
+    # a check that fails: every SHA-256 matches, and still no PULL_VERIFIED.json
+    pull.job["verify_command"] = "test -s out/weights.bin && python3 -c 'import sys; sys.exit(7)'"
+    pull.vars.write_text(json.dumps({"rgt_job": pull.job, "rgt_project": PROJECT}))
+    failed = pull()
+    assert failed.returncode == 1, failed.out
+    assert not pull.marker.exists()
+    # the same pull with a check that passes verifies
+    pull.job["verify_command"] = "test -s out/weights.bin && test -s out/metrics.json"
+    pull.vars.write_text(json.dumps({"rgt_job": pull.job, "rgt_project": PROJECT}))
+    ok = pull()
+    assert ok.returncode == 0, ok.out
+    assert json.loads(pull.marker.read_text())["run_id"] == run_id

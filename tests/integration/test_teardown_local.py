@@ -98,3 +98,18 @@ def test_verbs_without_an_api_call_nothing(tmp_path, profile, expect):
     assert proc.returncode == 0, proc.stdout
     rec = box.record()
     assert expect in rec["final_state"] and rec["calls"] == []
+
+
+def test_autodl_without_a_token_gives_the_console_steps_for_power_off(tmp_path):
+    # 关机 is reversible and, for most AutoDL users, a console click: no token means steps, not an error
+    box = Box(tmp_path, "autodl", "autodl-notoken")
+    env = {k: v for k, v in os.environ.items() if k != "AUTODL_TOKEN"}
+    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(box.inv), str(REPO / "playbooks" / "teardown.yml"),
+                           "-e", json.dumps({"rgt_ledger_dir": str(box.ledger), "rgt_runs_dir": str(box.runs),
+                                             "rgt_teardown_confirm": "autodl-notoken"})],
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**env, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                               "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"), "ANSIBLE_NOCOLOR": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "AUTODL_TOKEN is not set" in proc.stdout and "关机" in proc.stdout
+    assert box.record()["final_state"].startswith("manual")
