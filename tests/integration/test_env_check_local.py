@@ -317,14 +317,3 @@ def test_shipped_local_profile_works_through_the_lookup(box, tmp_path):
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert_no_leak(proc)
 
-
-def test_readme_documents_every_default():
-    defaults = [name for name in yaml.safe_load((REPO / "roles/env_check/defaults/main.yml").read_text())
-                if not name.startswith("_")]
-    specs = yaml.safe_load((REPO / "roles/env_check/meta/argument_specs.yml").read_text())
-    options = specs["argument_specs"]["main"]["options"]
-    readme = (REPO / "roles/env_check/README.md").read_text()
-    for name in defaults:
-        assert name in options, name
-        assert name in readme, name
-    assert set(options) == set(defaults)

@@ -360,18 +360,6 @@ def test_check_mode_writes_nothing(box):
     assert not (box.meta / "job.json").exists() and not box.wrappers()
 
 
-def test_readme_documents_every_default():
-    defaults = [name for name in yaml.safe_load((REPO / "roles/launch_detached/defaults/main.yml").read_text())
-                if not name.startswith("_")]
-    specs = yaml.safe_load((REPO / "roles/launch_detached/meta/argument_specs.yml").read_text())
-    options = specs["argument_specs"]["main"]["options"]
-    readme = (REPO / "roles/launch_detached/README.md").read_text()
-    for name in defaults:
-        assert name in options, name
-        assert name in readme, name
-    assert set(options) == set(defaults)
-
-
 @needs_tmux
 def test_a_job_killed_by_a_signal_is_killed_and_a_failed_one_is_not_relaunched(box):
     proc, result = box.play(job={"command": "bash -c 'echo step=1 loss=0.5; kill -9 $$'"})

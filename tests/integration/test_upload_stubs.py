@@ -280,13 +280,3 @@ def test_local_connection_upload_with_data_dir(tmp_path):
     assert again.report["data"]["files_transferred"] == 0
     assert [ln["status"] for ln in ledger_lines(runner.ledger, "box")] == ["uploaded", "present"]
 
-
-def test_readme_and_argument_specs_document_every_default():
-    defaults = [n for n in yaml.safe_load((REPO / "roles/upload_resume/defaults/main.yml").read_text())
-                if not n.startswith("_")]
-    specs = yaml.safe_load((REPO / "roles/upload_resume/meta/argument_specs.yml").read_text())
-    options = specs["argument_specs"]["main"]["options"]
-    readme = (REPO / "roles/upload_resume/README.md").read_text()
-    assert set(options) == set(defaults)
-    for name in defaults:
-        assert name in readme, name
