@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 OK = 0
 FAILED = 1
 BAD_INPUT = 2
@@ -35,3 +38,11 @@ class GateRefused(RgtError):
     """A gate said no (host identity, teardown, disk floor, live-run mutation)."""
 
     exit_code = REFUSED
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line like every other input error: one message, the fix, exit 2,
+    and the JSON error document under --json (plain argparse prints usage and exits on its own)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{self.prog}: {message}", fix=f"see `{self.prog} --help`", field="argv")

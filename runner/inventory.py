@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -17,6 +19,9 @@ from rgt.errors import InputError
 from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+CONFIRM_VARS = ("rgt_teardown_confirm", "rgt_teardown_confirms")
+_layout = paths.module_util("rgt_runlayout")  # the box's name and env-name rules, one home
+_manifest = paths.module_util("rgt_manifest")  # the capsule's relative-path rule
 
 
 @dataclass
@@ -44,7 +49,9 @@ def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
     registry = Registry().with_resources(resources)
     if isinstance(schema, str):
         schema = json.loads((SCHEMA_DIR / schema).read_text())
-    return jsonschema.Draft202012Validator(schema, registry=registry)
+    # format checks too: a log pattern that is no regex is refused here, not on the box
+    return jsonschema.Draft202012Validator(schema, registry=registry,
+                                           format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 
 
 def _field_path(error: jsonschema.ValidationError) -> str:
@@ -82,6 +89,84 @@ def validate_job(job: dict, where: str = "job spec") -> None:
     errors = sorted(_validator(wrapper).iter_errors({"rgt_job": job}), key=lambda e: list(e.absolute_path))
     if errors:
         raise explain(errors[0], where)
+    check_job(job, where)
+
+
+def _templated(value: object) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _nonfinite(value: object, path: str) -> str | None:
+    """The field path of the first NaN or infinity in value (YAML `.nan`, `.inf`), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _nonfinite(item, f"{path}.{key}")
+            if found:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _nonfinite(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def check_job(job: dict, where: str) -> None:
+    """What the schema cannot say: names built into paths on the box (the box's own rule), env names, NaN and
+    infinities, output and checkpoint paths that stay inside the run, a code dir that exists."""
+    bad = _nonfinite(job, "rgt_job")
+    if bad:
+        raise InputError(f"{where}: {bad} is not a finite number", fix="give a plain number (not .nan or .inf)",
+                         field=bad)
+    for key in ("run_id", "name"):
+        if key in job and not _templated(job[key]):
+            problem = _layout.check_name(job[key], "run id")
+            if problem:
+                raise InputError(f"{where}: rgt_job.{key}: {problem}", fix=f"set rgt_job.{key} to a plain name "
+                                 "such as tiny-train-2", field=f"rgt_job.{key}")
+    for key in ("python", "code_dir", "data_dir"):
+        if isinstance(job.get(key), str) and any(ord(ch) < 0x20 for ch in job[key]):
+            raise InputError(f"{where}: rgt_job.{key} holds a control character (a newline?): {job[key]!r}",
+                             fix=f"write rgt_job.{key} on one line", field=f"rgt_job.{key}")
+    for name in job.get("env") or {}:
+        problem = _layout.check_env_name(name)
+        if problem:
+            raise InputError(f"{where}: rgt_job.env: {problem}", fix="rename the variable; values go after the "
+                             "colon (`MY_SETTING: value`)", field=f"rgt_job.env.{name}")
+    declared = ((job.get("checkpoint") or {}).get("declared") or [])
+    for field_name, items, base in (("outputs", job.get("outputs") or [], "RGT_OUT_DIR"),
+                                    ("checkpoint.declared", declared, "RGT_CKPT_DIR")):
+        for item in items:
+            problem = None if _templated(item) else _manifest.check_relpath(item.rstrip("/") or item)
+            if problem:
+                raise InputError(f"{where}: rgt_job.{field_name} entry {item!r} is refused: {problem}",
+                                 fix=f"give paths relative to {base}, without '..' (e.g. weights.bin, ckpt-*/)",
+                                 field=f"rgt_job.{field_name}")
+    for key in ("code_dir", "data_dir"):
+        value = job.get(key)
+        if not isinstance(value, str) or _templated(value):
+            continue
+        local = Path(value).expanduser()
+        if not local.is_absolute():
+            local = paths.REPO_ROOT / local  # the shipped playbooks resolve a relative path from the collection root
+        if not local.exists():
+            raise InputError(f"{where}: rgt_job.{key} {value!r} does not exist ({local})",
+                             fix=f"set rgt_job.{key} to the local directory to ship", field=f"rgt_job.{key}")
+        if not local.is_dir():
+            raise InputError(f"{where}: rgt_job.{key} {value!r} is a file, not a directory ({local})",
+                             fix=f"set rgt_job.{key} to the directory that holds it", field=f"rgt_job.{key}")
+
+
+def missing_secrets(hosts: list[Host]) -> dict[str, list[str]]:
+    """{secret NAME: [hosts]} for every secret a host's job names that is not set in this environment."""
+    missing: dict[str, list[str]] = {}
+    for host in hosts:
+        for name in ((host.vars.get("rgt_job") or {}).get("secrets") or []):
+            if not os.environ.get(name):
+                missing.setdefault(name, []).append(host.name)
+    return missing
 
 
 def ansible_env() -> dict:
@@ -98,7 +183,7 @@ def ansible_env() -> dict:
 def read_inventory(inventory: str, limit: str | None = None) -> dict:
     """The merged host vars per host, as `ansible-inventory --list` sees them (group_vars included)."""
     inv = Path(inventory)
-    if not inv.exists():
+    if not str(inventory).strip() or not inv.exists():
         raise InputError(f"inventory '{inventory}' does not exist", fix="pass -i inventories/<platform>",
                          field="-i")
     cmd = ["ansible-inventory", "-i", str(inv), "--list"]
@@ -126,6 +211,17 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
     hosts = []
     names = profile_names()
     for name, hv in sorted(merged.items()):
+        problem = _layout.check_name(name, "host name")
+        if problem:
+            raise InputError(f"inventory '{inventory}': {problem}", fix="rename the host (its name is used in "
+                             "local paths: runs/<run>/<host>/, the ledger); put the address in ansible_host",
+                             field="host")
+        for key in CONFIRM_VARS:
+            if key in hv:
+                source = _file_defining(inventory, key)
+                raise InputError(f"host '{name}': {key} is set in {source}: a teardown confirmation comes only "
+                                 "from the person at the command", fix=f"remove {key} from {source}; pass --confirm "
+                                 "<instance-id> to `rgt-run teardown`, or type the id at its prompt", field=key)
         # extra vars win over inventory, as in Ansible; template strings are not evaluated here
         hv = {**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}}
         rgt_vars = {k: v for k, v in hv.items() if k.startswith("rgt_")}
@@ -140,8 +236,48 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
             profile = load_profile(rgt_vars["rgt_profile"])
         except ProfileError as exc:
             raise InputError(str(exc), fix=exc.fix, field=exc.field) from exc
+        for key, what in (("rgt_instance_id", "instance id"), ("rgt_project", "project")):
+            if key in rgt_vars and not _templated(rgt_vars[key]):
+                problem = _layout.check_name(rgt_vars[key], what)
+                if problem:
+                    raise InputError(f"host '{name}': {key}: {problem}", fix=f"set {key} to a plain name",
+                                     field=key)
+        if isinstance(hv.get("rgt_job"), dict):
+            check_job(hv["rgt_job"], f"host '{name}'")
         hosts.append(Host(name=name, vars=hv, profile=profile))
+    check_shared_instances(hosts)
     return hosts
+
+
+def check_shared_instances(hosts: list[Host]) -> None:
+    """Two hosts with one rgt_instance_id are one box: refused unless each says so (rgt_shared_volume: true)."""
+    by_id: dict[str, list[Host]] = {}
+    for host in hosts:
+        by_id.setdefault(host.instance_id, []).append(host)
+    for iid, group in sorted(by_id.items()):
+        undeclared = [h.name for h in group if h.vars.get("rgt_shared_volume") is not True]
+        if len(group) > 1 and undeclared:
+            raise InputError(f"hosts {', '.join(h.name for h in group)} share rgt_instance_id '{iid}'",
+                             fix="give each box its own instance id; if they really are one box with one durable "
+                                 "volume, set rgt_shared_volume: true on each of them (each run then needs its own "
+                                 "verified pull)", field="rgt_instance_id")
+
+
+def _file_defining(inventory: str, key: str) -> str:
+    """The inventory file (hosts, group_vars, host_vars) that sets `key`, for an error message."""
+    inv = Path(inventory)
+    roots = [inv] if inv.is_dir() else [inv, inv.parent / "group_vars", inv.parent / "host_vars"]
+    pattern = re.compile(r"(^|[\s{,])%s\s*[:=]" % re.escape(key), re.M)
+    for root in roots:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() \
+            else []
+        for candidate in files:
+            try:
+                if pattern.search(candidate.read_text(errors="replace")):
+                    return str(candidate)
+            except OSError:
+                continue
+    return f"the inventory '{inventory}'"
 
 
 def known_hosts_file(inventory: str, host: Host) -> Path:

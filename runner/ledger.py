@@ -10,10 +10,32 @@ from typing import Any
 
 
 def ledger_dir(explicit: str | None = None) -> Path:
-    """Where the ledger lives: --ledger, then $RGT_LEDGER, then ./.rgt."""
+    """Where the ledger lives: --ledger, then $RGT_LEDGER, then ./.rgt (made when absent)."""
+    from rgt.errors import InputError
+
+    source = "--ledger" if explicit else ("$RGT_LEDGER" if os.environ.get("RGT_LEDGER") else "the default ledger")
     raw = explicit or os.environ.get("RGT_LEDGER") or ".rgt"
     path = Path(raw).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{source} {path} is a file, not a directory", fix="point --ledger (or $RGT_LEDGER) at a "
+                         "directory; rgt makes it when it does not exist", field="--ledger")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{source} {path} cannot be made: {exc.strerror}",
+                         fix="point --ledger (or $RGT_LEDGER) at a writable directory", field="--ledger") from exc
+    return path
+
+
+def runs_dir(explicit: str | None = None) -> Path:
+    """Where verified pulls land: --runs-dir, then $RGT_RUNS_DIR, then ./runs (made by the pull when absent)."""
+    from rgt.errors import InputError
+
+    raw = explicit or os.environ.get("RGT_RUNS_DIR") or "runs"
+    path = Path(raw).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise InputError(f"the runs dir {path} is a file, not a directory", fix="point --runs-dir (or "
+                         "$RGT_RUNS_DIR) at a directory; rgt makes it when it does not exist", field="--runs-dir")
     return path
 
 
@@ -57,7 +79,8 @@ def append_jsonl(path: Path, record: dict) -> None:
 
 
 def read_json(path: Path) -> Any | None:
+    """The record, or None when it is absent or unreadable (a truncated or corrupt record is not a fact)."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None

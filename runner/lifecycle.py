@@ -17,7 +17,7 @@ from rgt import errors, paths
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rgt-run lifecycle", description=__doc__,
+    p = errors.ArgumentParser(prog="rgt-run lifecycle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
     p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
@@ -44,7 +44,7 @@ def _stop_verbs(args: argparse.Namespace) -> set[str]:
 def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
     from rgt import pull, status, teardown
     from rgt.cli import prepare
-    from rgt.ledger import ledger_dir
+    from rgt.ledger import ledger_dir, runs_dir
     from rgt.phases import run_playbook
     from rgt.report import first_contact, summarize
 
@@ -60,6 +60,7 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
     ns = argparse.Namespace(**quiet, playbook=str(paths.PLAYBOOKS_DIR / "train.yml"), tags=None, check=False,
                             skip_tags=None)
     playbook, hosts, extravars = prepare(ns)
+    runs_dir(args.runs_dir)  # a bad --runs-dir is refused now, not after the training
     ledger = ledger_dir(args.ledger)
     first_contact(console, ledger, hosts)
     result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
@@ -78,7 +79,7 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
         console.rule("teardown")
         if _stop_verbs(args) == {"none"}:
             console.print("teardown: nothing to stop on this profile (no meter runs); the results are in "
-                          f"{pull.runs_dir(args.runs_dir)}")
+                          f"{runs_dir(args.runs_dir)}")
             step("teardown", errors.OK)
         else:
             code = step("teardown", teardown.cmd_teardown(argparse.Namespace(**quiet), console))

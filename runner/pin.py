@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -35,7 +34,7 @@ def scan(host: str, port: int, timeout: int = 10) -> str | None:
 
 
 def cmd_pin(argv: list[str], console: Console) -> int:
-    p = argparse.ArgumentParser(prog="rgt-run pin", description=__doc__)
+    p = errors.ArgumentParser(prog="rgt-run pin", description=__doc__)
     p.add_argument("-i", "--inventory", required=True)
     p.add_argument("-l", "--limit")
     p.add_argument("--replace", metavar="INSTANCE_ID",

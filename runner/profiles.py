@@ -9,8 +9,6 @@ package (`<repo>/runner/profiles.py` -> `<repo>/plugins/module_utils/rgt_profile
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from datetime import date
 from pathlib import Path
 
@@ -18,23 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-_CORE_PATH = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "rgt_profiles.py"
-_CORE_NAME = "rgt._profiles_core"
+from rgt import paths
 
-
-def _load_core():
-    if _CORE_NAME in sys.modules:
-        return sys.modules[_CORE_NAME]
-    spec = importlib.util.spec_from_file_location(_CORE_NAME, _CORE_PATH)
-    if spec is None or spec.loader is None:  # pragma: no cover - broken checkout
-        raise ImportError(f"cannot load the profile validator from {_CORE_PATH}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_CORE_NAME] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_core = _load_core()
+_core = paths.module_util("rgt_profiles")
 
 ProfileError = _core.ProfileError
 PROFILES_DIR: Path = _core.PROFILES_DIR

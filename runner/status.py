@@ -317,6 +317,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     if interval <= 0:
         raise errors.InputError("--interval must be positive", fix="--interval 90", field="--interval")
     max_ticks = args.max_ticks if args.max_ticks is not None else DEFAULT_MAX_TICKS
+    if max_ticks < 1:
+        raise errors.InputError("--max-ticks must be at least 1", fix="--max-ticks 120", field="--max-ticks")
     by_name = {h.name: h for h in hosts}
     events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
     schedule = Schedule(list(by_name), interval, _monotonic())
@@ -384,7 +386,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
 # ---------------------------------------------------------------- entry points (wired into rgt.cli by the lead)
 
 def _parser(prog: str, watch: bool) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = errors.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
     p.add_argument("-l", "--limit", help="limit to these hosts/groups")
     p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],

@@ -8,13 +8,76 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import fcntl
 import fnmatch
 import json
 import os
+import re
 import tempfile
 import time
 
 NOT_COMPLETE_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
+
+# The one rule for every name a path or a session is built from (docs/internals.md "Names"): a run id, a project,
+# an inventory host name, an instance id. Matched in full (a trailing newline is refused, unlike `^...$`), first
+# character alphanumeric (so `.`, `..`, `.partial`, `-x` are out), at most NAME_MAX characters.
+NAME_MAX = 128
+_NAME_RES = {
+    "run id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1)),
+    "project": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1)),
+    "host name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,%d}" % (NAME_MAX - 1)),
+    "instance id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,%d}" % (NAME_MAX - 1)),
+}
+NAME_RULE = {
+    "run id": "letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d characters" % NAME_MAX,
+    "project": "letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d characters" % NAME_MAX,
+    "host name": "letters, digits, '.', '_', '-', ':' and '@', starting with a letter or digit, at most %d "
+                 "characters" % NAME_MAX,
+    "instance id": "letters, digits, '.', '_', '-', ':' and '@', starting with a letter or digit, at most %d "
+                   "characters" % NAME_MAX,
+}
+
+
+def check_name(value, what="run id"):
+    """None when `value` is a valid `what` (run id, project, host name, instance id), else the reason."""
+    if not isinstance(value, str):
+        return "%s must be a string, got %s" % (what, type(value).__name__)
+    if _NAME_RES[what].fullmatch(value) is None:
+        return "%s %r is not allowed: use %s" % (what, value, NAME_RULE[what])
+    return None
+
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(name):
+    """None when `name` can be an environment variable name (POSIX: letters, digits, '_', not starting with a
+    digit), else the reason."""
+    if not isinstance(name, str) or ENV_NAME_RE.fullmatch(name) is None:
+        return ("environment variable name %r is not allowed: use letters, digits and '_', not starting with a "
+                "digit (e.g. MY_SETTING)" % (name,))
+    return None
+
+
+def command_script(command, prelude=None):
+    """The bash script a job command runs as, the same for the launch and the smoke.
+
+    The prelude lines (proxy hook, secrets, cd) come first; then `set -o pipefail`; stop signals are trapped so
+    that bash waits for the foreground command (the wrapper sends them to the whole process group, so the
+    command gets them itself and can checkpoint) and then exits with that command's status, running nothing
+    after it; then the command exactly as written:
+    `a && b`, `a; b`, pipes and multi-line scripts run whole, and the exit status is the whole line's (for a
+    pipe, its last failing part's)."""
+    lines = list(prelude or [])
+    lines += ["set -o pipefail", "trap 'exit $?' TERM INT HUP", command]
+    return "\n".join(lines)
+
+
+def session_name(project, run_id):
+    """The tmux session of one run: one-to-one with (project, run id). tmux turns '.' and ':' into '_' (so
+    `a.b` and `a_b` would share a session): '.' becomes '+', and '/' separates the two; neither is allowed in
+    a name, so two different runs never get the same session."""
+    return "rgt-%s/%s" % (project.replace(".", "+"), run_id.replace(".", "+"))
 
 
 def expand_root(path, user=None, home=None):
@@ -31,9 +94,14 @@ def expand_root(path, user=None, home=None):
 
 
 class RunPaths(object):
-    """Every path of one run, from <durable_root>/<project>/active/<run_id>."""
+    """Every path of one run, from <durable_root>/<project>/active/<run_id>. Refuses (ValueError) a project or
+    run id that is not a plain name, before any path is built from it."""
 
     def __init__(self, durable_root, project, run_id):
+        for value, what in ((project, "project"), (run_id, "run id")):
+            problem = check_name(value, what)
+            if problem:
+                raise ValueError(problem)
         self.durable_root = durable_root
         self.project = project
         self.run_id = run_id
@@ -63,8 +131,8 @@ class RunPaths(object):
         return os.path.join(self.run_dir, "code-%s" % hash8)
 
     def session(self):
-        """tmux session name: one per run (tmux forbids '.' and ':' in names)."""
-        return "rgt-" + self.run_id.replace(".", "_").replace(":", "_")
+        """tmux session name of this run (session_name)."""
+        return session_name(self.project, self.run_id)
 
 
 def fsync_dir(path):
@@ -159,6 +227,37 @@ def pid_alive(pid):
         return True
 
 
+def lock_held(lock_path):
+    """True when another process holds the run's flock (the wrapper holds it for its whole life)."""
+    if not os.path.exists(lock_path):
+        return False
+    try:
+        handle = open(lock_path, "a+")
+    except (IOError, OSError):
+        return False
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (IOError, OSError):
+        return True  # held (EAGAIN), or flock unsupported here: never take a run for dead on a guess
+    finally:
+        handle.close()  # closing releases a lock we may have taken
+    return False
+
+
+def last_state(records, exit_doc):
+    """How a run that is not live ended: never | finished | failed | preempted | killed | dead. `records` are
+    attempts.jsonl's lines, `exit_doc` is exit.json.
+
+    The last attempt's exit record decides; when exit.json is missing or older than the last attempt (a wrapper
+    that could not write it: a full disk), that attempt's end line in attempts.jsonl decides instead (the wrapper
+    writes it first). Started with neither is `dead`: the wrapper vanished (SIGKILL, OOM, reboot)."""
+    end = last_end(records, exit_doc)
+    if end is None:
+        starts = [r for r in records if "started_at" in r]
+        return "dead" if starts else "never"
+    return end.get("reason") or "dead"
+
+
 def is_complete_checkpoint(name):
     return not name.startswith(".") and not name.endswith(NOT_COMPLETE_SUFFIXES)
 
@@ -212,3 +311,17 @@ RUN_LAYOUT_ARGS = dict(
     project=dict(type="str", default="rgt"),
     run_id=dict(type="str", required=True),
 )
+
+
+def last_end(records, exit_doc):
+    """The end record of a run's last attempt: exit.json when it is that attempt's (or newer), else that attempt's
+    last end line in attempts.jsonl, else None (never started, or started and vanished without a word). An end line
+    with the reason `dead` is the note a later wrapper writes for a vanished attempt: it is returned as is."""
+    starts = [r for r in records if "started_at" in r]
+    last = max([r.get("attempt") or 0 for r in starts] or [0])
+    if exit_doc and (exit_doc.get("attempt") or 0) >= last:
+        return exit_doc
+    if not starts:
+        return None
+    ends = [r for r in records if "ended_at" in r and (r.get("attempt") or 0) == last]
+    return ends[-1] if ends else None

@@ -77,6 +77,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import command_script
+
 
 def run_smoke(command, chdir, timeout, extra_env):
     scratch = tempfile.mkdtemp(prefix="rgt-smoke-")
@@ -88,7 +90,7 @@ def run_smoke(command, chdir, timeout, extra_env):
                 "RGT_RESUME_FROM": "", "RGT_PREEMPT_FILE": os.path.join(scratch, "PREEMPT"),
                 "PYTHONUNBUFFERED": "1"})
     started = time.time()
-    proc = subprocess.Popen(["bash", "-c", command], cwd=chdir, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(["bash", "-c", command_script(command)], cwd=chdir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)

@@ -80,7 +80,13 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_reconcile, rgt_runlayout
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
+    rgt_gpu,
+    rgt_host,
+    rgt_outputs,
+    rgt_reconcile,
+    rgt_runlayout,
+)
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -208,24 +214,22 @@ def session_alive(paths, attempt_start):
     tmux = shutil.which("tmux")
     if not tmux:
         return None
-    rc, _out, _err = run([tmux, "has-session", "-t", "=" + paths.session()], TIMEOUT)
+    session = (attempt_start or {}).get("session") or paths.session()
+    rc, _out, _err = run([tmux, "has-session", "-t", "=" + session], TIMEOUT)
     return rc == 0
 
 
 def outputs_present(paths, outputs):
-    present = {}
-    for rel in outputs or []:
-        target = os.path.normpath(os.path.join(paths.out, rel))
-        inside = target == paths.out or target.startswith(paths.out.rstrip("/") + "/")
-        present[rel] = bool(inside and os.path.exists(target))
-    return present
+    """{entry: bool}: a file or directory exists, a glob matches, with no symlink on its path (what the closeout
+    will seal; module_utils/rgt_outputs)."""
+    return rgt_outputs.present(paths.run_dir, "out", outputs or [])
 
 
 def collect(params):
     warnings = []
     now = time.time()
     durable = rgt_runlayout.expand_root(params["durable_root"])
-    paths = rgt_runlayout.RunPaths(durable, params["project"], params["run_id"])
+    paths = rgt_runlayout.RunPaths(durable, params["project"], params["run_id"])  # ValueError: a bad name
     job = rgt_runlayout.read_json(paths.job)
     if os.path.exists(paths.job) and job is None:
         warnings.append("job.json exists but is not readable JSON")
@@ -275,7 +279,11 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.exit_json(changed=False, status=collect(module.params))
+    try:
+        status = collect(module.params)
+    except ValueError as exc:  # a project or run id that is not a plain name: no path is built from it
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, status=status)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ class Runs:
     def add(self, host, run_id, *, job=True, outputs=(), price=2.0, expected=None, auto_resume=False):
         self.hosts[host] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                             "rgt_profile": "local", "rgt_instance_id": "localhost",
-                            "rgt_durable_root": str(self.durable), "rgt_job": {"name": run_id}}
+                            "rgt_durable_root": str(self.durable), "rgt_job": {"name": run_id},
+                            "rgt_shared_volume": True}  # every host is this machine: one box, several runs
         p = self.paths(run_id)
         for d in (p.meta, p.logs, p.ckpt, p.out):
             os.makedirs(d, exist_ok=True)

@@ -5,7 +5,7 @@ testinfra with molecule's inventory."""
 import json
 
 RUN_DIRS = {"adl": "/root/autodl-tmp/mol/active/mol-launch", "rp": "/workspace/mol/active/mol-launch"}
-SESSION = "rgt-mol-launch"
+SESSION = "rgt-mol/mol-launch"  # rgt-<project>/<run_id>
 
 
 def _run_dir(host):
