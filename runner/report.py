@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from rgt import errors
 from rgt.inventory import Host
@@ -51,11 +52,34 @@ def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[
     return rep, sorted(rep.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
 
 
+SKIPPED_SHOWN = 5
+SKIPPED_KIND = {"symlink": "symlink", "special": "not a regular file", "undecodable": "name not UTF-8"}
+
+
+def _named(items: list[str], shown: int = SKIPPED_SHOWN) -> str:
+    """The first few names and how many more, markup-escaped (a file may be called `[red]`)."""
+    text = ", ".join(escape(str(item)) for item in items[:shown])
+    return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def _phase_line(phase: str, rep: dict) -> str:
-    """One plain line per phase report (upload: bytes sent; launch: live / started / finished)."""
+    """One plain line per phase report (upload: bytes sent, what was left out; launch: live / started / finished).
+    Upload adds, on the same line, the files skipped while shipping (first few + count) and CRLF scripts shipped
+    because the user allowed them."""
     if phase == "upload_resume":
-        return (f"upload: {rep.get('status')} {rep.get('code_dir') or ''} ({rep.get('files')} files, "
+        line = (f"upload: {rep.get('status')} {escape(rep.get('code_dir') or '')} ({rep.get('files')} files, "
                 f"{rep.get('bytes_sent', 0)} bytes sent)")
+        skipped = rep.get("skipped")
+        if skipped is None:  # a report from before `skipped` existed
+            skipped = [{"path": p, "kind": "symlink"} for p in rep.get("symlinks_skipped") or []]
+        if skipped:
+            line += (f"; skipped {len(skipped)} not shipped: "
+                     + _named([f"{s.get('path')} ({SKIPPED_KIND.get(s.get('kind'), s.get('kind'))})"
+                               for s in skipped]))
+        crlf = rep.get("crlf_scripts") or []
+        if crlf and rep.get("status") != "refused":
+            line += f"; shipped with CRLF line ends ({rep.get('crlf') or 'allow'}): " + _named(crlf)
+        return line
     if rep.get("msg"):
         return f"{phase}: {rep['msg']}"
     return f"{phase}: {rep.get('status') or rep.get('state') or ''}".rstrip(": ")

@@ -352,18 +352,5 @@ def parse_env0(data):
     return env
 
 
-# ----------------------------------------------------------------------------------------------------
-# CRLF (gotcha U26)
-# ----------------------------------------------------------------------------------------------------
-
-def crlf_lines(data):
-    """1-based numbers of the lines that end in a carriage return (CRLF, or a stray CR at end of file)."""
-    lines = []
-    for number, line in enumerate(data.split(b"\n"), 1):
-        if line.endswith(b"\r"):
-            lines.append(number)
-    return lines
-
-
-def has_crlf(data):
-    return bool(crlf_lines(data))
+# CRLF (gotcha U26): the rule (what is a script, which line ends count) lives in rgt_tree, shared with
+# upload_resume; the rgt_env_check module applies it on the box.

@@ -6,7 +6,8 @@
 Pure logic, no I/O: the rgt_status module reads the files and processes on the box and hands them here; the
 unit tests hand the same facts in directly. Python 3.6+ standard library only (module_utils run on the box).
 
-States (domain brief 4.3): the exit record of the current attempt decides when there is one; otherwise a live
+States (domain brief 4.3): the exit record of the current attempt decides when there is one (exit.json, or the
+attempt's end line in attempts.jsonl when exit.json is missing: a wrapper on a full disk); otherwise a live
 wrapper pid under the same incarnation means running (or stalled), a dead wrapper under another incarnation
 means the box restarted (preempted), and a dead wrapper under the same incarnation is dead.
 """
@@ -228,6 +229,18 @@ def wall_seconds(attempts, now, current=None, alive=False, last_alive_at=None):
     return total
 
 
+def end_line_exit(records, attempt):
+    """The exit record of `attempt` rebuilt from its end line in attempts.jsonl (the wrapper writes the end line
+    before exit.json, so a wrapper that ran out of disk may leave only the line), or None. A `dead` line is not an
+    exit record: a later wrapper writes it for an attempt that vanished without one."""
+    end = (records.get(attempt) or {}).get("end") if attempt is not None else None
+    if not end or end.get("reason") in (None, "dead"):
+        return None
+    doc = dict((key, end.get(key)) for key in ("attempt", "rc", "signal", "reason", "ended_at"))
+    doc["source"] = "attempts.jsonl"
+    return doc
+
+
 # ---------------------------------------------------------------- reconcile
 
 def _attention(ident, message, **data):
@@ -303,6 +316,12 @@ def reconcile(facts):
         else:
             warnings.append("exit.json is from attempt %s, the run is on attempt %s" % (exit_doc.get("attempt"),
                                                                                         attempt))
+    if exit_current is None:
+        exit_current = end_line_exit(records, attempt)
+        if exit_current is not None:
+            warnings.append("exit.json of attempt %s is missing (the wrapper could not write it: a full disk?); "
+                            "its end line in attempts.jsonl says %s rc %s" % (attempt, exit_current.get("reason"),
+                                                                              exit_current.get("rc")))
     doc["evidence"]["exit"] = exit_current
 
     wrapper_alive = bool(facts.get("wrapper_alive")) and changed is not True

@@ -1,5 +1,5 @@
 # -*- coding: utf-8 -*-
-"""The shipped code tree: ignore rules, manifest, hash8, CRLF scan (docs/internals.md "Run spine").
+"""The shipped code tree: ignore rules, manifest, hash8, the CRLF rule (docs/internals.md "Run spine").
 
 Pure stdlib, Python 3.6+: the manifest side runs on the controller (rgt_tree_manifest), the hashing side also on
 the box (rgt_tree_verify).
@@ -15,6 +15,8 @@ the box (rgt_tree_verify).
 - Manifest: ``[{"path", "bytes", "sha256"}]`` sorted by path (code point order = UTF-8 byte order), SHA-256 read
   in 1 MiB chunks. ``tree_hash`` = SHA-256 of the concatenated ``"<path>\\0<sha256>\\n"`` lines; hash8 = its first
   8 hex digits (same tree => same ``code-<hash8>`` dir).
+- CRLF: ``crlf_scripts`` lists the scripts (``is_script``: a shell suffix or a shebang) with a line ending in CR;
+  upload_resume refuses to ship them unless the user allows it, env_check applies the same rule on the box.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -25,12 +27,20 @@ import hashlib
 import os
 import re
 import stat
+from shlex import quote
 
 CHUNK = 1024 * 1024
 ALWAYS_IGNORED_DIRS = ("__pycache__", ".rgt")
 ALWAYS_IGNORED_ANY = (".git",)
 IGNORE_FILES = (".rgtignore", ".gitignore")
-CRLF_GLOB_SUFFIX = ".sh"
+# What counts as a script for the CRLF rule (gotcha U26), the one rule for upload_resume and env_check: a file a
+# shell or the kernel reads line by line, where a CR before the LF becomes part of the last word of the line (an
+# argument arrives as `ok\r`, `$'\r': command not found`, `/usr/bin/env: 'python\r'`). That is a shell script by
+# its suffix, or any file that starts with a shebang (`#!`, run as `./file`). Python without a shebang is read with
+# universal newlines, and data (.csv, .json, .yaml, .txt) does not care: CRLF there is fine.
+SCRIPT_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh", ".command")
+SHEBANG = b"#!"
+CRLF_LIST_MAX = 10
 
 
 class TreeError(Exception):
@@ -241,7 +251,8 @@ def walk_tree(root, rules):
 
 
 def file_digest(path, detect_crlf=False):
-    """(sha256 hex, bytes, has_crlf) of a file, read in 1 MiB chunks; has_crlf only when detect_crlf."""
+    """(sha256 hex, bytes, has_crlf) of a file, read in 1 MiB chunks; has_crlf (a line ending in CR: CRLF, or a
+    CR as the last byte, as crlf_lines counts them) only when detect_crlf."""
     h = hashlib.sha256()
     size = 0
     crlf = False
@@ -255,8 +266,57 @@ def file_digest(path, detect_crlf=False):
             size += len(block)
             if detect_crlf and not crlf:
                 crlf = b"\r\n" in prev + block
-                prev = block[-1:]
+            prev = block[-1:]
+    if detect_crlf and prev == b"\r":
+        crlf = True
     return h.hexdigest(), size, crlf
+
+
+# ---------------------------------------------------------------------------------------------------- CRLF
+
+
+def crlf_lines(data):
+    """1-based numbers of the lines that end in a carriage return (CRLF, or a stray CR at the end of the data). A
+    CR inside a line (`a\rb`) is not a line end."""
+    lines = []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if line.endswith(b"\r"):
+            lines.append(number)
+    return lines
+
+
+def is_script(relpath, head):
+    """True when a file is a script for the CRLF rule: a shell suffix (SCRIPT_SUFFIXES) or a shebang. `head` is
+    the file's first bytes (at least 2)."""
+    name = relpath.rsplit("/", 1)[-1].lower()
+    return name.endswith(SCRIPT_SUFFIXES) or (head or b"").startswith(SHEBANG)
+
+
+def read_head(path, size=2):
+    with open(path, "rb") as handle:
+        return handle.read(size)
+
+
+def crlf_fix(paths, limit=CRLF_LIST_MAX):
+    """The fix for CRLF scripts (paths as the user can type them), one line."""
+    shown = [quote(p) for p in paths[:limit]]
+    more = " (and %d more)" % (len(paths) - limit) if len(paths) > limit else ""
+    return ("convert the line ends to LF: sed -i 's/\\r$//' %s%s (or dos2unix on each), and add '*.sh text eol=lf' "
+            "to .gitattributes (with `git add --renormalize .`) so a Windows checkout does not bring them back"
+            % (" ".join(shown), more))
+
+
+def crlf_refusal(src, crlf_scripts, limit=CRLF_LIST_MAX):
+    """The message that refuses to ship a tree with CRLF scripts: each file (first `limit` + a count), why, the
+    fix, and how to ship them anyway."""
+    named = ", ".join(crlf_scripts[:limit])
+    if len(crlf_scripts) > limit:
+        named += " and %d more" % (len(crlf_scripts) - limit)
+    return ("refused: %d script(s) in %s have CRLF (Windows) line ends: %s. bash and the kernel keep the CR as part "
+            "of each line (an argument arrives as 'ok\\r', \"$'\\r': command not found\"), so the job would run "
+            "wrong; nothing was shipped or launched. Fix: %s. To ship them as they are, set rgt_job.crlf: allow "
+            "(or -e upload_resume_crlf=allow)."
+            % (len(crlf_scripts), src, named, crlf_fix([os.path.join(src, p) for p in crlf_scripts], limit)))
 
 
 def tree_hash(manifest):
@@ -280,14 +340,13 @@ def build_manifest(root, ignore_file=None):
     crlf = []
     for rel in walk.files:
         path = os.path.join(root, rel)
-        is_script = rel.endswith(CRLF_GLOB_SUFFIX)
         try:
-            digest, size, has_crlf = file_digest(path, detect_crlf=is_script)
+            digest, size, has_crlf = file_digest(path, detect_crlf=True)
+            if has_crlf and is_script(rel, read_head(path)):
+                crlf.append(rel)
         except (IOError, OSError) as exc:
             raise TreeError("cannot read %s: %s" % (path, exc)) from exc
         manifest.append({"path": rel, "bytes": size, "sha256": digest})
-        if has_crlf:
-            crlf.append(rel)
     full = tree_hash(manifest)
     return {
         "src": root,
@@ -302,7 +361,17 @@ def build_manifest(root, ignore_file=None):
         "symlinks": walk.symlinks,
         "special": walk.special,
         "undecodable": walk.undecodable,
+        "skipped": skipped(walk),
     }
+
+
+def skipped(walk):
+    """Everything a walk found and will not ship, as [{"path", "kind"}] sorted by path; kind is symlink, special
+    (fifo, socket, device) or undecodable (a name that is not valid UTF-8, shown as its repr)."""
+    items = [{"path": rel, "kind": "symlink"} for rel in walk.symlinks]
+    items += [{"path": rel, "kind": "special"} for rel in walk.special]
+    items += [{"path": rel, "kind": "undecodable"} for rel in walk.undecodable]
+    return sorted(items, key=lambda item: item["path"])
 
 
 def files_from_bytes(manifest):

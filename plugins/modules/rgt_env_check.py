@@ -27,7 +27,9 @@ description:
   - Reads the CUDA version the driver supports from the C(nvidia-smi) header, and lists GPUs with
     C(nvidia-smi -L).
     Without C(nvidia-smi) the driver CUDA is null and the GPU checks that need it are skipped.
-  - Optionally scans C(*.sh) files under I(scripts_dir) for carriage returns (CRLF line ends).
+  - Optionally scans the scripts under I(scripts_dir) for carriage returns (CRLF line ends), with upload_resume's
+    rule (module_utils C(rgt_tree)) - a script is a file with a shell suffix (C(.sh), C(.bash), C(.zsh), C(.ksh),
+    C(.command)) or a shebang; data files with CRLF are fine.
   - Read-only. It B(never) creates a conda env, never runs pip, never changes the box. The interpreter is
     never discovered or guessed; it must be given explicitly.
   - Always returns C(changed=false); supports check mode (runs the same read-only probe).
@@ -64,7 +66,9 @@ options:
     default: []
   scripts_dir:
     description:
-      - Directory on the box whose C(*.sh) files (recursively, symlinks not followed) are scanned for CRLF.
+      - Directory on the box whose scripts (shell suffix or shebang; recursively, symlinks not followed) are
+        scanned for CRLF. upload_resume already refuses CRLF scripts in the shipped code before it is sent; this
+        scan is for scripts that reach the box another way.
       - A missing directory is reported as an info finding.
     type: path
   expected_cuda_driver:
@@ -170,6 +174,7 @@ import subprocess
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_envcheck as ec
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_tree as tree
 
 HOOK_TIMEOUT_S = 30
 SMI_TIMEOUT_S = 30
@@ -307,17 +312,21 @@ def scan_crlf(root):
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in (".git", "__pycache__"))
         for name in sorted(filenames):
-            if not name.endswith(".sh"):
-                continue
             path = os.path.join(dirpath, name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
-            scanned += 1
-            if scanned > CRLF_MAX_FILES:
-                return found, True
-            with open(path, "rb") as handle:
-                data = handle.read(CRLF_MAX_BYTES)
-            lines = ec.crlf_lines(data)
+            try:
+                with open(path, "rb") as handle:
+                    if not tree.is_script(name, handle.read(2)):
+                        continue
+                    scanned += 1
+                    if scanned > CRLF_MAX_FILES:
+                        return found, True
+                    handle.seek(0)
+                    data = handle.read(CRLF_MAX_BYTES)
+            except (IOError, OSError):
+                continue  # unreadable: not ours to judge
+            lines = tree.crlf_lines(data)
             if lines:
                 found.append({"path": path, "lines": lines[:CRLF_MAX_LINES], "count": len(lines)})
     return found, False
@@ -429,7 +438,7 @@ def main():
             "crlf", "critical",
             "%s has CRLF line ends (%d lines, first at line %d): bash fails with $'\\r': command not found"
             % (item["path"], item["count"], item["lines"][0]),
-            "sed -i 's/\\r$//' %s; add '*.sh text eol=lf' to .gitattributes" % item["path"]))
+            tree.crlf_fix([item["path"]])))
 
     report = {
         "interpreter": {

@@ -21,8 +21,11 @@ description:
     left alone (C(changed=false), C(state=running)). A finished run is reported (C(state=finished)); pass a new
     C(rgt_job.run_id) to start another. A failed run is reported (C(state=failed)) unless
     O(relaunch_failed=true).
+  - How the last attempt ended comes from C(exit.json), or, when that is missing or older than the attempt (the
+    wrapper could not write it, e.g. on a full disk), from the attempt's end line in C(attempts.jsonl); a job that
+    exited 1 is C(failed) either way, and never relaunched without O(relaunch_failed=true).
   - A run never launched is launched as attempt 1. A preempted, killed or dead run (wrapper gone without an
-    C(exit.json), for example after a reboot) is relaunched as attempt n+1 when O(relaunch=true); the job
+    exit record or an end line, for example after a reboot) is relaunched as attempt n+1 when O(relaunch=true); the job
     resumes from the newest complete checkpoint (C(RGT_RESUME_FROM)).
   - "Before a launch: the disk gate (free GiB on the durable root below O(disk_floor_gib) fails with C(rc_hint: 3)
     and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper files
@@ -141,7 +144,7 @@ run_dir:
   returned: always
   type: str
 session:
-  description: The tmux session name of the run (C(rgt-<run_id>)).
+  description: The tmux session name of the run (C(rgt-<project>/<run_id>), each C(.) written as C(+)).
   returned: always
   type: str
 detach:
@@ -165,7 +168,9 @@ code_dir:
   returned: always
   type: str
 exit:
-  description: The last exit.json, when there is one.
+  description:
+    - The last attempt's exit record, when there is one - C(exit.json), or that attempt's end line in
+      C(attempts.jsonl) when C(exit.json) is missing (a wrapper that could not write it on a full disk).
   returned: always
   type: dict
 rc_hint:
@@ -174,9 +179,7 @@ rc_hint:
   type: int
 """
 
-import fcntl
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -188,7 +191,6 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 CGROUP_ROOT = "/sys/fs/cgroup"
 DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
 
@@ -234,25 +236,8 @@ def free_gib(path):
     return st.f_bavail * st.f_frsize / float(1 << 30), probe
 
 
-def lock_held(lock_path):
-    """True when another process holds the run's flock (the wrapper)."""
-    if not os.path.exists(lock_path):
-        return False
-    try:
-        handle = open(lock_path, "a+")
-    except (IOError, OSError):
-        return False
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except (IOError, OSError):
-        return True
-    finally:
-        handle.close()  # closing releases a lock we may have taken
-    return False
-
-
 def wrapper_alive(paths, pid_doc, current_incarnation):
-    if lock_held(paths.lock):
+    if rl.lock_held(paths.lock):
         return True
     if not pid_doc or pid_doc.get("incarnation") != current_incarnation:
         return False
@@ -261,17 +246,6 @@ def wrapper_alive(paths, pid_doc, current_incarnation):
         return False
     cmdline = read("/proc/%d/cmdline" % int(pid)) or ""
     return paths.run_dir in cmdline
-
-
-def last_state(paths, records, exit_doc):
-    """never | finished | failed | preempted | killed | dead (started, no exit record for the last attempt)."""
-    starts = [r for r in records if "started_at" in r]
-    if not starts and not exit_doc:
-        return "never"
-    last = max([r.get("attempt") or 0 for r in starts] or [0])
-    if exit_doc and (exit_doc.get("attempt") or 0) >= last:
-        return exit_doc.get("reason") or "dead"
-    return "dead"
 
 
 def tail(path, lines=20):
@@ -314,19 +288,40 @@ def tmux_env():
     return env
 
 
+TMUX_OWNER_OPTION = "@rgt_run_dir"
+
+
 def tmux_has(tmux, session):
     return subprocess.call([tmux, "has-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, env=tmux_env()) == 0
 
 
-def start_tmux(module, tmux, session, python, wrapper, run_dir):
-    if tmux_has(tmux, session):  # a leftover of a dead run (the wrapper is not alive: checked before)
+def tmux_owner(tmux, session):
+    """The run dir a session was started for (the @rgt_run_dir option rgt sets), or None (not rgt's)."""
+    proc = subprocess.Popen([tmux, "show-options", "-t", "=%s:" % session, "-v", TMUX_OWNER_OPTION],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=tmux_env(),
+                            universal_newlines=True)
+    out, _err = proc.communicate()
+    return (out.strip() or None) if proc.returncode == 0 else None
+
+
+def start_tmux(module, tmux, session, python, wrapper, run_dir, result):
+    """Start the wrapper in a new tmux session marked with its run dir. A session of the same name is killed
+    only when it is this run's own leftover (the wrapper is dead: checked before); anything else is left alone."""
+    if tmux_has(tmux, session):
+        owner = tmux_owner(tmux, session)
+        if owner != run_dir:
+            module.fail_json(msg="a tmux session named %s already exists and is not this run's (%s): it was left "
+                                 "alone and nothing was started. Rename or end that session, or use another "
+                                 "run id." % (session, "it belongs to %s" % owner if owner
+                                              else "it was not started by rgt"), **result)
         subprocess.call([tmux, "kill-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, env=tmux_env())
     line = "exec %s" % " ".join(quote(x) for x in (python, wrapper, run_dir))
-    proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, line], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=tmux_env(),
-                            universal_newlines=True)
+    proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, line, ";",
+                             "set-option", "-t", "=%s:" % session, TMUX_OWNER_OPTION, run_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=tmux_env(), universal_newlines=True)
     out, err = proc.communicate()
     if proc.returncode != 0:
         module.fail_json(msg="tmux new-session failed (rc %s): %s" % (proc.returncode, (err or out).strip()),
@@ -356,6 +351,7 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
         "run_id": paths.run_id,
         "project": paths.project,
         "run_dir": paths.run_dir,
+        "session": paths.session(),
         "command": job["command"],
         "python": python,
         "code_dir": code_dir,
@@ -373,7 +369,7 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
         "stall_after_s": job.get("stall_after_s") or 600,
         "omp_num_threads": omp,
         "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "attempt_policy": {"auto_resume": bool(job.get("auto_resume", True))},
+        "attempt_policy": {"auto_resume": bool(job.get("auto_resume", False))},
     }
 
 
@@ -402,8 +398,16 @@ def main():
     )
     p = module.params
     job = p["job"]
-    if not RUN_ID_RE.match(p["run_id"]):
-        module.fail_json(msg="run_id %r must match ^[A-Za-z0-9._-]+$" % p["run_id"])
+    root = rl.expand_root(p["durable_root"])
+    try:
+        paths = rl.RunPaths(root, p["project"], p["run_id"])
+    except ValueError as exc:
+        module.fail_json(msg="nothing launched: %s" % exc)
+    for field, names in (("rgt_job.env", job.get("env") or {}), ("network_env", p["network_env"] or {})):
+        for name in names:
+            problem = rl.check_env_name(name)
+            if problem:
+                module.fail_json(msg="nothing launched: %s: %s" % (field, problem))
     if not job.get("command"):
         module.fail_json(msg="rgt_job.command is required: the shell command that trains (run in code_dir)")
     python = job.get("python")
@@ -411,8 +415,6 @@ def main():
         module.fail_json(msg="rgt_job.python must be the absolute path of the box's interpreter (never guessed)")
     python = rl.expand_root(python)
 
-    root = rl.expand_root(p["durable_root"])
-    paths = rl.RunPaths(root, p["project"], p["run_id"])
     session = paths.session()
     inc = rl.incarnation()
     records = rl.read_jsonl(paths.attempts)
@@ -430,15 +432,20 @@ def main():
                       msg="live run %s (attempt %s) is running: not started twice" % (p["run_id"], attempt))
         module.exit_json(**result)
 
-    state = last_state(paths, records, exit_doc)
+    state = rl.last_state(records, exit_doc)
+    end = rl.last_end(records, exit_doc) or {}  # exit.json, or the attempt's end line when exit.json is missing
+    if end and end is not exit_doc and end.get("reason") != "dead":
+        result["exit"] = end
+        module.warn("exit.json of attempt %s is missing (the wrapper could not write it: a full disk?); the end "
+                    "line in %s says %s" % (end.get("attempt"), paths.attempts, end.get("reason")))
     if state == "finished":
         result.update(state="finished", msg="run %s finished (attempt %s): pass a new rgt_job.run_id to start "
-                      "another run" % (p["run_id"], exit_doc.get("attempt")))
+                      "another run" % (p["run_id"], end.get("attempt")))
         module.exit_json(**result)
     if state == "failed" and not p["relaunch_failed"]:
         result.update(state="failed", msg="run %s failed (attempt %s, rc %s): not relaunched; read %s, fix and "
                       "pass relaunch_failed=true or a new rgt_job.run_id"
-                      % (p["run_id"], exit_doc.get("attempt"), exit_doc.get("rc"), paths.log))
+                      % (p["run_id"], end.get("attempt"), end.get("rc"), paths.log))
         module.exit_json(**result)
     shown = {"never": "not_started", "killed": "dead"}.get(state, state)
     if state != "never" and not p["relaunch"]:
@@ -509,7 +516,7 @@ def main():
     # 5. start detached, then wait for the first heartbeat of this attempt
     proc = None
     if detach == "tmux":
-        start_tmux(module, tmux, session, python, wrapper, paths.run_dir)
+        start_tmux(module, tmux, session, python, wrapper, paths.run_dir, result)
     else:
         proc = start_nohup(paths, python, wrapper)
     deadline = time.time() + max(1, p["first_heartbeat_timeout_s"])

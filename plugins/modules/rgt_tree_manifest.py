@@ -10,16 +10,21 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: rgt_tree_manifest
-short_description: Manifest a local code tree (ignore rules, SHA-256 per file, hash8, CRLF scripts)
+short_description: Manifest a local code tree (ignore rules, SHA-256 per file, hash8, CRLF scripts, skipped files)
 version_added: "0.1.0"
 description:
-  - Run on the controller (C(delegate_to: localhost)). Walks I(src) without following symlinks, applies the
+  - Run on the controller (delegated to C(localhost)). Walks I(src) without following symlinks, applies the
     tree's ignore rules (C(.rgtignore) when present, else C(.gitignore); gitignore syntax) and always leaves out
     C(.git), C(__pycache__/) and C(.rgt/).
   - Returns the manifest sorted by path, each file's SHA-256 (read in 1 MiB chunks), and C(hash8), the first
     8 hex digits of the SHA-256 of the sorted C(relpath\0sha256\n) list, which names the box's C(code-<hash8>)
     directory (docs/internals.md, "Run spine").
-  - Lists C(*.sh) files with CRLF line ends, and symlinks (skipped with a warning, never followed).
+  - "Lists the scripts with CRLF line ends (C(crlf_scripts)); a script is a file with a shell suffix (C(.sh),
+    C(.bash), C(.zsh), C(.ksh), C(.command)) or one that starts with a shebang (C(#!)). A CR there becomes part of
+    each line's last word (an argument C(ok\\r), C($'\\r': command not found)); CRLF in other files (C(.csv),
+    C(.py) without a shebang) is fine. With O(crlf=refuse) the module fails naming each script and the fix."
+  - Lists what it skips, with a warning each - symlinks (never followed), non-regular files (fifos, sockets,
+    devices) and names that are not valid UTF-8 - and returns them all in C(skipped) (C(path), C(kind)).
   - With I(files_from), writes the NUL-separated path list for C(rsync --from0 --files-from=FILE).
 author:
   - rgt contributors
@@ -35,6 +40,13 @@ options:
   files_from:
     description: Write the NUL-separated list of the manifest's paths to this file (mode 0600).
     type: path
+  crlf:
+    description:
+      - What to do with scripts that have CRLF line ends - C(refuse) fails the task naming each one and the fix
+        (nothing else is written), C(allow) lists them in C(crlf_scripts) and goes on.
+    type: str
+    choices: [refuse, allow]
+    default: allow
 notes:
   - Reads only; writing I(files_from) is the one side effect, and it happens in check mode too (it is a scratch
     file on the controller). C(changed) is always false.
@@ -82,7 +94,7 @@ bytes:
   returned: always
   type: int
 crlf_scripts:
-  description: Paths (relative to src) of *.sh files containing CRLF line ends.
+  description: Paths (relative to src) of the scripts (shell suffix or shebang) that have CRLF line ends.
   returned: always
   type: list
   elements: str
@@ -100,6 +112,17 @@ special:
   returned: always
   type: list
   elements: str
+undecodable:
+  description: Names skipped because they are not valid UTF-8 (Python repr of the path).
+  returned: always
+  type: list
+  elements: str
+skipped:
+  description: Everything skipped and never shipped, sorted by path; kind is symlink, special or undecodable.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "data", "kind": "symlink"}]
 files_from:
   description: Path of the written list, or null.
   returned: always
@@ -113,6 +136,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_tree import (
     TreeError,
     build_manifest,
+    crlf_refusal,
     files_from_bytes,
 )
 
@@ -123,6 +147,7 @@ def main():
             src=dict(type="path", required=True),
             ignore_file=dict(type="path"),
             files_from=dict(type="path"),
+            crlf=dict(type="str", choices=["refuse", "allow"], default="allow"),
         ),
         supports_check_mode=True,
     )
@@ -138,6 +163,8 @@ def main():
         module.warn("skipping non-regular file %s" % rel)
     for rel in doc["undecodable"]:
         module.warn("skipping %s: the name is not valid UTF-8" % rel)
+    if doc["crlf_scripts"] and module.params["crlf"] == "refuse":
+        module.fail_json(msg=crlf_refusal(doc["src"], doc["crlf_scripts"]), files_from=None, **doc)
     doc["files_from"] = None
     target = module.params["files_from"]
     if target:

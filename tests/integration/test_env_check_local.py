@@ -261,13 +261,19 @@ def test_missing_secret_env_var_fails_naming_it(box):
 
 
 def test_crlf_script_is_reported_by_path_and_fails(box):
+    """upload_resume's rule (rgt_tree.is_script): a shell suffix or a shebang is a script; CRLF data is fine."""
     bad = box.scripts / "sub" / "train.sh"
     bad.parent.mkdir()
     bad.write_bytes(b"#!/bin/bash\r\necho hi\r\n")
+    tool = box.scripts / "launch"
+    tool.write_bytes(b"#!/usr/bin/env python3\r\nprint(1)\n")
+    (box.scripts / "table.csv").write_bytes(b"a,b\r\n1,2\r\n")
     proc, report = box.play(env_check_scripts_dir=str(box.scripts))
     assert proc.returncode != 0
-    assert report["crlf"] == [{"path": str(bad), "lines": [1, 2], "count": 2}]
-    assert str(bad) in proc.stdout and "CRLF" in proc.stdout
+    assert report["crlf"] == [{"path": str(tool), "lines": [1], "count": 1},
+                              {"path": str(bad), "lines": [1, 2], "count": 2}]
+    assert str(bad) in proc.stdout and "CRLF" in proc.stdout and "table.csv" not in proc.stdout
+    assert "sed -i" in proc.stdout and "dos2unix" in proc.stdout
 
 
 def test_torch_built_for_newer_cuda_than_driver_fails_with_804(box):

@@ -75,6 +75,10 @@ def read_json(path):
         return None
 
 
+def read_json_lines(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def procs_with(text):
     """pids whose argv contains text (from /proc, so the test's own commands never match)."""
     found = []
@@ -213,13 +217,13 @@ def test_launch_returns_at_once_and_the_run_finishes(box):
     assert time.time() - started < 15
     assert result["state"] == "running" and result["attempt"] == 1 and result["detach"] == "tmux"
     assert result["changed"] is True and recap_changed(proc.stdout) == 1
-    assert result["session"] == "rgt-tiny-001"
+    assert result["session"] == "rgt-demo/tiny-001"
     job = read_json(box.meta / "job.json")
     assert job["schema"] == 1 and job["run_id"] == "tiny-001" and job["project"] == PROJECT
     assert job["code_dir"] == str(box.code_dir) and job["run_dir"] == str(box.run_dir)
     assert job["grace_s"] == 5 and job["ckpt_glob"] == "*" and job["secrets_file"] is None
     assert job["env"] == {"HF_HOME": str(box.root / "scratch" / "hf")}
-    assert job["attempt_policy"] == {"auto_resume": True}
+    assert job["attempt_policy"] == {"auto_resume": False}  # auto-resume only when the job asks for it
     assert stat.S_IMODE((box.meta / "wrapper.py").stat().st_mode) == 0o755
     assert (box.meta / "rgt_runlayout.py").read_bytes() == (
         REPO / "plugins/module_utils/rgt_runlayout.py").read_bytes()
@@ -252,7 +256,7 @@ def test_a_live_run_is_never_started_twice(box):
     assert again["state"] == "running" and again["attempt"] == 1
     assert "not started twice" in again["msg"] and again["pid"] == wrappers[0]
     assert box.wrappers() == wrappers
-    assert box.tmux("has-session", "-t", "=rgt-tiny-001").returncode == 0
+    assert box.tmux("has-session", "-t", "=rgt-demo/tiny-001").returncode == 0
     # a second wrapper started by hand sees the lock and leaves
     extra = subprocess.run([sys.executable, str(box.meta / "wrapper.py"), str(box.run_dir)],
                            capture_output=True, text=True, timeout=10)
@@ -272,7 +276,7 @@ def test_sigterm_preempts_and_the_relaunch_resumes_to_identical_weights(box, tmp
     assert (box.meta / "PREEMPT").exists()
     assert list((box.run_dir / "ckpt").glob("step_*.ckpt"))
     assert not (box.run_dir / "out" / "weights.bin").exists()
-    wait_for(lambda: box.tmux("has-session", "-t", "=rgt-tiny-001").returncode != 0, what="the session to end")
+    wait_for(lambda: box.tmux("has-session", "-t", "=rgt-demo/tiny-001").returncode != 0, what="the session to end")
 
     again, result = box.play(job)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -311,7 +315,7 @@ def test_secret_reaches_the_job_but_no_argv(box):
     secrets.write_text("TOKEN='%s'\n" % SECRET)
     secrets.chmod(0o600)
     command = ("bash -c 'printf %s \"$TOKEN\" | wc -c > \"$RGT_OUT_DIR/token_len\"; "
-               "env > \"$RGT_OUT_DIR/env.txt\"; sleep 4'")
+               "env > \"$RGT_OUT_DIR/env.txt\"; sleep 30'")  # alive while we look, even on a loaded machine
     proc, result = box.play(job={"command": command, "secrets": ["TOKEN"]})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["state"] == "running"
@@ -365,7 +369,8 @@ def test_a_job_killed_by_a_signal_is_killed_and_a_failed_one_is_not_relaunched(b
     proc, result = box.play(job={"command": "bash -c 'echo step=1 loss=0.5; kill -9 $$'"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     done = box.wait_exit()
-    assert (done["reason"], done["rc"], done["signal"]) == ("killed", -9, 9)
+    # bash reports the SIGKILLed command as 128+9
+    assert (done["reason"], done["rc"], done["signal"]) == ("killed", 137, 9)
 
     wait_for(lambda: not box.wrappers(), what="the wrapper to exit")
     proc, result = box.play(job={"command": "bash -c 'exit 3'"})  # killed counts as dead: relaunched
@@ -411,3 +416,110 @@ def test_the_tmux_server_dying_is_a_stop(box):
     done = box.wait_exit()
     assert done["reason"] == "preempted" and done["stop_signal"] == "SIGHUP" and done["rc"] == 0
     assert "preempted: checkpoint" in (box.run_dir / "logs" / "job.log").read_text()
+
+
+# ---------------------------------------------------------------- a disk that fills while the job saves
+
+FILL = """
+import os, sys, time
+ckpt = os.environ["RGT_CKPT_DIR"]
+print("step=1 loss=0.5", flush=True)
+time.sleep(1.5)  # the launch sees the first heartbeat
+try:  # the save fills every byte ...
+    with open(os.path.join(ckpt, "model.ckpt.tmp"), "wb", buffering=0) as handle:
+        while True:
+            handle.write(b"\\1" * 4096)
+except OSError:
+    pass
+shard = 0
+try:  # ... and every inode
+    while True:
+        open(os.path.join(ckpt, "shard-%d.tmp" % shard), "wb").close()
+        shard += 1
+except OSError:
+    pass
+os._exit(1)  # the save failed
+"""
+
+
+@pytest.fixture
+def small_box(tmp_path):
+    """A Box whose durable root is a 2 MiB, 200-inode tmpfs (unmounted at teardown)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=200,mode=0755", "rgt-small",
+                              str(durable)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: " + mounted.stderr.strip())
+    link = COLLECTIONS / "ansible_collections" / "rgt" / "remote_gpu"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to("../../..")
+    b = Box(tmp_path)
+    try:
+        yield b
+    finally:
+        b.cleanup()
+        subprocess.run(["umount", str(durable)], capture_output=True)
+
+
+@needs_tmux
+def test_a_job_that_fills_the_disk_and_exits_1_is_failed_not_dead_and_not_relaunched(small_box, rgt):
+    box = small_box
+    (box.code_dir / "fill.py").write_text(FILL)
+    job = {"command": "%s fill.py" % sys.executable, "disk_floor_gib": 0}
+    proc, result = box.play(job)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["state"] == "running" and result["attempt"] == 1
+    wait_for(lambda: box.exit_doc() or not box.wrappers(), timeout=30, what="the wrapper to end")
+    wait_for(lambda: not box.wrappers(), timeout=10, what="the wrapper to exit")
+    assert os.statvfs(box.durable).f_ffree == 0  # the disk is still full
+
+    # the wrapper survived and wrote every end record from its reserve
+    done = box.exit_doc()
+    assert done and (done["attempt"], done["reason"], done["rc"]) == (1, "failed", 1)
+    ends = [a for a in (read_json_lines(box.meta / "attempts.jsonl")) if "ended_at" in a]
+    assert [(e["attempt"], e["reason"], e["rc"]) for e in ends] == [(1, "failed", 1)]
+    assert "== rgt attempt 1 ended" in (box.run_dir / "logs" / "job.log").read_text()
+    assert read_json(box.meta / "heartbeat")["job_alive"] is False
+    assert not (box.meta / "reserve").exists()
+
+    # status: failed rc 1 (not dead); the full disk is the attention
+    inv = box.root / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "rgt_profile": "local",
+        "rgt_instance_id": "localhost", "rgt_durable_root": str(box.durable), "rgt_project": PROJECT,
+        "rgt_job": {"name": box.run_id}}}}}))
+    status = rgt("status", "-i", inv, "--json", env={"TMUX_TMPDIR": str(box.tmux_dir)}, timeout=180)
+    doc = status.doc["hosts"]["box"]
+    assert doc["state"] == "failed", status.stderr
+    assert (doc["evidence"]["exit"]["reason"], doc["evidence"]["exit"]["rc"]) == ("failed", 1)
+    assert [a["id"] for a in doc["attention"]] == ["disk_full"] and status.rc == 5
+    assert " failed " in status.stderr and "dead" not in status.stderr
+
+    # a second launch reports it failed and starts nothing
+    again, result = box.play(job)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert recap_changed(again.stdout) == 0
+    assert result["state"] == "failed" and "not relaunched" in result["msg"] and "rc 1" in result["msg"]
+    assert not box.wrappers()
+    starts = [a for a in read_json_lines(box.meta / "attempts.jsonl") if "started_at" in a]
+    assert len(starts) == 1
+
+
+def test_launch_reports_failed_from_the_end_line_when_exit_json_is_missing(box):
+    """A wrapper that could not write exit.json (an older wrapper on a full disk) left the end line: the run failed
+    rc 1 and is not relaunched; a wrapper that left neither is dead and relaunched."""
+    box.meta.mkdir(parents=True)
+    (box.meta / "attempts.jsonl").write_text(
+        json.dumps({"attempt": 1, "started_at": "2027-01-01T00:00:00Z", "incarnation": "x"}) + "\n"
+        + json.dumps({"attempt": 1, "ended_at": "2027-01-01T01:00:00Z", "rc": 1, "signal": None,
+                      "reason": "failed"}) + "\n")
+    proc, result = box.play(check=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result["state"] == "failed" and result["changed"] is False and "rc 1" in result["msg"]
+    assert result["exit"]["rc"] == 1
+    assert any("exit.json of attempt 1 is missing" in w for w in result.get("warnings", []))

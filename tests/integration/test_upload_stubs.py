@@ -193,6 +193,11 @@ def test_changed_tree_gets_a_new_code_dir_and_the_old_one_is_untouched(stub_flee
     (tree / ".gitignore").write_text("*.log\n")
     runner = stub_runner(stub_fleet, tmp_path, {"name": run_id, "code_dir": str(tree)})
 
+    refused = runner.run()  # a CRLF script is refused by default, before anything is sent
+    assert refused.returncode != 0 and "run.sh" in refused.stdout and "sed -i" in refused.stdout
+    assert stub.exec(f"test -e {run_dir}", check=False).returncode != 0
+
+    runner.extra["upload_resume_crlf"] = "allow"  # the user ships it as it is
     first = runner.run()
     assert first.returncode == 0, first.stdout + first.stderr
     old = first.report
@@ -219,7 +224,7 @@ def test_changed_tree_gets_a_new_code_dir_and_the_old_one_is_untouched(stub_flee
     assert stub.exec(f"find {old_dir} -type f -printf '%p %T@ %i\\n' | sort").stdout == stamp
     dirs = sorted(stub.exec(f"ls -A {run_dir}").stdout.split())
     assert dirs == sorted([".rgt", f"code-{old['hash8']}", f"code-{new['hash8']}"])
-    assert [ln["status"] for ln in ledger_lines(runner.ledger, "rp")] == ["uploaded", "present", "uploaded"]
+    assert [ln["status"] for ln in ledger_lines(runner.ledger, "rp")] == ["refused", "uploaded", "present", "uploaded"]
 
 
 @pytest.mark.stubs

@@ -251,22 +251,4 @@ def test_valid_env_name(name, ok):
     assert ec.valid_env_name(name) is ok
 
 
-# ---- CRLF ----------------------------------------------------------------------------------------
-
-def test_crlf_lines_reports_one_based_line_numbers():
-    assert ec.crlf_lines(b"#!/bin/bash\r\necho hi\nexit 0\r\n") == [1, 3]
-
-
-def test_crlf_stray_cr_at_end_of_file_counts():
-    assert ec.crlf_lines(b"echo a\necho b\r") == [2]
-
-
-def test_lf_only_script_is_clean():
-    data = b"#!/bin/bash\nprintf 'a\\r\\n'\n"  # an escaped \r inside a string is not a line end
-    assert ec.crlf_lines(data) == []
-    assert ec.has_crlf(data) is False
-    assert ec.has_crlf(b"a\r\n") is True
-
-
-def test_cr_in_the_middle_of_a_line_is_not_a_crlf_line_end():
-    assert ec.crlf_lines(b"echo a\rb\n") == []
+# CRLF: the rule lives in rgt_tree (tests/unit/test_rgt_tree.py), shared with upload_resume.

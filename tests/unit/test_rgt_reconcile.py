@@ -131,6 +131,48 @@ def test_exit_record_of_an_older_attempt_is_ignored():
     assert doc["evidence"]["exit"] is None
 
 
+# ---------------------------------------------------------------- a wrapper that could not write exit.json
+
+def gone(**over):
+    """The wrapper and the job are gone, same incarnation."""
+    base = dict(wrapper_alive=False, job_alive=False, session_alive=False)
+    base.update(over)
+    return facts(**base)
+
+
+def test_end_line_without_exit_json_is_the_runs_end_failed_rc_1():
+    """A full disk: the wrapper wrote the attempt's end line but not exit.json. The run failed rc 1, not dead.
+    Without the end line (and without exit.json) the wrapper really vanished: dead. A `dead` line (written by a
+    later wrapper for an attempt that vanished) is no exit record either."""
+    doc = rc.reconcile(gone(attempts=[start(1), end(1, reason="failed", rc_=1)], exit=None))
+    assert doc["state"] == "failed"
+    assert doc["evidence"]["exit"]["rc"] == 1 and doc["evidence"]["exit"]["reason"] == "failed"
+    assert doc["evidence"]["exit"]["source"] == "attempts.jsonl"
+    assert any("exit.json of attempt 1 is missing" in w for w in doc["warnings"])
+    assert rc.reconcile(gone(attempts=[start(1)]))["state"] == "dead"
+    noted = {"attempt": 1, "ended_at": None, "rc": None, "signal": None, "reason": "dead", "noted_at": "x"}
+    vanished = rc.reconcile(gone(attempts=[start(1), noted]))
+    assert vanished["state"] == "dead" and vanished["evidence"]["exit"] is None
+
+
+def test_end_line_decides_when_exit_json_is_from_an_older_attempt():
+    """Only the current attempt's end line counts: an older attempt's line never ends a running one."""
+    doc = rc.reconcile(gone(attempts=[start(1), end(1, reason="preempted"), start(2), end(2, reason="failed", rc_=1)],
+                            pid={"wrapper_pid": 10, "job_pid": 11, "attempt": 2, "incarnation": INC},
+                            exit={"attempt": 1, "rc": 0, "reason": "preempted", "ended_at": NOW - 900}))
+    assert doc["state"] == "failed" and doc["attempt"] == 2 and doc["evidence"]["exit"]["attempt"] == 2
+    running = rc.reconcile(facts(attempts=[start(1), end(1, reason="failed", rc_=1), start(2)],
+                                 pid={"wrapper_pid": 10, "job_pid": 11, "attempt": 2, "incarnation": INC}))
+    assert running["state"] == "running" and running["evidence"]["exit"] is None
+
+
+def test_end_line_finished_still_needs_the_outputs():
+    ok = rc.reconcile(gone(attempts=[start(1), end(1)], outputs_present={"weights.bin": True}))
+    assert ok["state"] == "finished"
+    missing = rc.reconcile(gone(attempts=[start(1), end(1)]))
+    assert missing["state"] == "failed" and ids(missing) == ["outputs_missing"]
+
+
 def test_job_json_but_no_wrapper_record_and_no_session_is_dead():
     doc = rc.reconcile(facts(pid=None, attempts=[], wrapper_alive=False, job_alive=False, session_alive=False))
     assert doc["state"] == "dead"

@@ -1,4 +1,4 @@
-"""module_utils/rgt_tree: gitignore rules, manifest, hash8, CRLF scan, verification."""
+"""module_utils/rgt_tree: gitignore rules, manifest, hash8, skipped files, the CRLF rule, verification."""
 
 import hashlib
 import os
@@ -120,6 +120,19 @@ def test_symlinks_are_listed_and_never_followed(tmp_path):
     assert doc["symlinks"] == ["alias.py", "dirlink", "escape"]
 
 
+def test_everything_skipped_is_listed_with_its_kind(tmp_path):
+    make(tmp_path, {"train.py": "t"})
+    os.symlink("train.py", str(tmp_path / "link.py"))
+    os.mkfifo(str(tmp_path / "pipe"))
+    bad = os.path.join(os.fsencode(str(tmp_path)), b"caf\xe9.txt")
+    with open(bad, "wb") as handle:
+        handle.write(b"x")
+    doc = t.build_manifest(str(tmp_path))
+    assert [m["path"] for m in doc["manifest"]] == ["train.py"]
+    assert doc["skipped"] == [{"path": "'caf\\udce9.txt'", "kind": "undecodable"},
+                              {"path": "link.py", "kind": "symlink"}, {"path": "pipe", "kind": "special"}]
+
+
 # ------------------------------------------------------------------------------------------------ manifest, hash8
 
 
@@ -171,12 +184,46 @@ def test_large_file_digest_uses_chunks(tmp_path):
     assert digest == hashlib.sha256(blob).hexdigest() and size == len(blob)
 
 
-def test_crlf_detection_only_in_sh_files_and_across_chunks(tmp_path):
+def test_crlf_scripts_are_shell_suffixes_or_shebangs_across_chunks(tmp_path):
     straddle = b"#" * (t.CHUNK - 1) + b"\r\n" + b"echo\n"
     make(tmp_path, {"ok.sh": b"#!/bin/bash\necho ok\n", "bad.sh": b"#!/bin/bash\r\necho hi\r\n",
-                    "sub/straddle.sh": straddle, "notes.txt": b"a\r\nb\r\n", "cr_only.sh": b"a\rb\n"})
+                    "sub/straddle.sh": straddle, "notes.txt": b"a\r\nb\r\n", "cr_only.sh": b"a\rb\n",
+                    "tools/run": b"#!/usr/bin/env python\r\nprint(1)\r\n",      # shebang, no suffix
+                    "job.bash": b"python train.py --tag ok\r\n",               # other shell suffixes
+                    "LAUNCH.SH": b"echo\r\n",
+                    "last.sh": b"echo a\necho b\r",                             # a CR as the last byte
+                    "data/table.csv": b"a,b\r\n1,2\r\n",                       # data: CRLF is fine
+                    "model.py": b"import os\r\nprint(os.sep)\r\n"})              # python reads CRLF source
     doc = t.build_manifest(str(tmp_path))
-    assert doc["crlf_scripts"] == ["bad.sh", "sub/straddle.sh"]
+    assert doc["crlf_scripts"] == ["LAUNCH.SH", "bad.sh", "job.bash", "last.sh", "sub/straddle.sh", "tools/run"]
+
+
+@pytest.mark.parametrize("data, lines", [
+    (b"#!/bin/bash\r\necho hi\nexit 0\r\n", [1, 3]),
+    (b"echo a\necho b\r", [2]),                  # a stray CR at the end of the file counts
+    (b"#!/bin/bash\nprintf 'a\\r\\n'\n", []),  # an escaped \r inside a string is not a line end
+    (b"echo a\rb\n", []),                        # a CR in the middle of a line is not a line end
+])
+def test_crlf_lines_are_one_based(data, lines):
+    assert t.crlf_lines(data) == lines
+
+
+@pytest.mark.parametrize("name, head, script", [
+    ("run.sh", b"ec", True), ("a.zsh", b"", True), ("x.ksh", b"", True), ("go.command", b"", True),
+    ("tool", b"#!", True), ("train.py", b"#!", True), ("train.py", b"im", False), ("t.csv", b"a,", False),
+    ("README", b"# ", False),
+])
+def test_what_counts_as_a_script(name, head, script):
+    assert t.is_script(name, head) is script
+
+
+def test_the_refusal_names_each_file_and_the_fix():
+    msg = t.crlf_refusal("/src/my code", ["run.sh", "tools/go"])
+    assert "2 script(s) in /src/my code" in msg and "run.sh, tools/go" in msg
+    assert "sed -i 's/\\r$//' '/src/my code/run.sh' '/src/my code/tools/go'" in msg
+    assert "dos2unix" in msg and ".gitattributes" in msg and "rgt_job.crlf: allow" in msg
+    many = t.crlf_refusal("/s", ["f%02d.sh" % i for i in range(13)])
+    assert "f09.sh and 3 more" in many and "f10.sh" not in many.split("Fix:")[0]
 
 
 def test_files_from_is_nul_separated():

@@ -1,6 +1,7 @@
 """Pure parts of the job wrapper (roles/launch_detached/files/rgt_wrapper.py) and of the rgt_launch module:
 attempt numbering, exit reason classification, the job environment and script, resume selection."""
 
+import errno
 import importlib.util
 import os
 import signal
@@ -23,6 +24,7 @@ def _load():
 
 
 w = _load()
+rl = w.rl
 
 
 @pytest.fixture
@@ -38,7 +40,20 @@ def paths(tmp_path):
 def test_paths_for_recovers_root_project_and_run_id(tmp_path):
     p = w.paths_for(str(tmp_path / "d" / "proj" / "active" / "r.1"))
     assert (p.durable_root, p.project, p.run_id) == (str(tmp_path / "d"), "proj", "r.1")
-    assert p.lock.endswith("/.rgt/lock") and p.session() == "rgt-r_1"
+    assert p.lock.endswith("/.rgt/lock") and p.session() == "rgt-proj/r+1"
+
+
+def test_sessions_map_one_to_one_to_runs(tmp_path):
+    """tmux turns '.' into '_': `sess.x` and `sess_x` (and the same id in two projects) get distinct sessions."""
+    names = {w.paths_for(str(tmp_path / "d" / proj / "active" / rid)).session()
+             for proj in ("p", "p.q", "p_q") for rid in ("sess.x", "sess_x", "sess-x")}
+    assert len(names) == 9 and not any("." in n or ":" in n for n in names)
+
+
+@pytest.mark.parametrize("run_id", [".", "..", "a\n", ".partial", "-x", "x" * 129])
+def test_run_dirs_with_a_bad_run_id_are_refused(tmp_path, run_id):
+    with pytest.raises(ValueError, match="run id"):
+        w.paths_for(str(tmp_path / "d" / "proj" / "active") + "/" + run_id)
 
 
 def test_next_attempt_counts_start_lines_only():
@@ -62,7 +77,9 @@ def test_unfinished_attempts_are_starts_without_an_end():
     (0, None, ("finished", None)),
     (1, None, ("failed", None)),
     (3, None, ("failed", None)),
-    (137, None, ("failed", None)),       # a shell's 128+9 is an exit code, not a signal death
+    (137, None, ("killed", 9)),          # bash runs the command: 128+9 is how it reports a SIGKILLed command
+    (143, "SIGTERM", ("preempted", 15)),  # the command died of the forwarded TERM
+    (200, None, ("failed", None)),       # beyond 128+64: an exit code
     (-9, None, ("killed", 9)),           # OOM killer / SIGKILL
     (-15, None, ("killed", 15)),
     (0, "SIGTERM", ("preempted", None)),  # the job checkpointed and exited 0 on the forwarded TERM
@@ -101,12 +118,26 @@ def test_build_env_without_resume_or_threads(paths):
 
 
 def test_build_script_skips_null_parts_and_quotes_paths():
-    assert w.build_script({"command": "python train.py"}) == "exec python train.py"
+    tail = ["set -o pipefail", "trap 'exit $?' TERM INT HUP"]
+    assert w.build_script({"command": "python train.py"}).splitlines() == tail + ["python train.py"]
     script = w.build_script({"command": "python train.py --x 1", "proxy_hook": "source /etc/network_turbo",
                              "secrets_file": "/root/my secrets/p.env", "code_dir": "/d/code-abc"})
     assert script.splitlines() == ["source /etc/network_turbo",
                                    "set -a; . '/root/my secrets/p.env' || exit 98; set +a",
-                                   "cd /d/code-abc || exit 97", "exec python train.py --x 1"]
+                                   "cd /d/code-abc || exit 97", *tail, "python train.py --x 1"]
+
+
+@pytest.mark.parametrize("command, rc, out", [
+    ("echo a && echo b", 0, "a\nb\n"),
+    ("echo a; false", 1, "a\n"),
+    ("false; echo after", 0, "after\n"),
+    ("false | cat", 1, ""),                      # pipefail: a failing trainer piped into tee is not finished
+    ("echo one\necho two\nexit 3", 3, "one\ntwo\n"),
+])
+def test_the_command_runs_whole_and_its_status_is_the_lines(tmp_path, command, rc, out):
+    proc = subprocess.run(["bash", "-c", w.build_script({"command": command, "code_dir": str(tmp_path)})],
+                          capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (rc, out)
 
 
 def test_script_sources_secrets_without_putting_values_in_argv(tmp_path):
@@ -189,11 +220,65 @@ def test_module_helpers():
     assert m.omp_from_quota(None, 100000) is None
     assert m.omp_from_quota(250000, 100000) == 2
     assert m.omp_from_quota(50000, 100000) == 1
-    assert m.last_state(None, [], None) == "never"
-    starts = [{"attempt": 1, "started_at": "t"}]
-    assert m.last_state(None, starts, None) == "dead"
-    assert m.last_state(None, starts, {"attempt": 1, "reason": "finished"}) == "finished"
-    assert m.last_state(None, starts + [{"attempt": 2, "started_at": "t"}],
-                        {"attempt": 1, "reason": "preempted"}) == "dead"
     assert m.expand_env({"A": "~/x", "B": None, "C": "a~b"}) == {"A": os.path.expanduser("~/x"), "B": "",
                                                                    "C": "a~b"}
+
+
+# ---------------------------------------------------------------- how a run that is not live ended (launch)
+
+def test_last_state_from_the_exit_record():
+    assert rl.last_state([], None) == "never"
+    starts = [{"attempt": 1, "started_at": "t"}]
+    assert rl.last_state(starts, None) == "dead"
+    assert rl.last_state(starts, {"attempt": 1, "reason": "finished"}) == "finished"
+    assert rl.last_state(starts + [{"attempt": 2, "started_at": "t"}], {"attempt": 1, "reason": "preempted"}) == "dead"
+
+
+def test_last_state_falls_back_to_the_attempts_end_line_when_exit_json_is_missing():
+    """A wrapper on a full disk wrote the end line but not exit.json: the run failed (never relaunched without the
+    user's word), it did not vanish."""
+    records = [{"attempt": 1, "started_at": "t"},
+               {"attempt": 1, "ended_at": "u", "rc": 1, "signal": None, "reason": "failed"}]
+    assert rl.last_state(records, None) == "failed"
+    assert rl.last_end(records, None)["rc"] == 1
+    # exit.json of an older attempt: the newer attempt's end line decides
+    older = {"attempt": 1, "rc": 0, "reason": "preempted"}
+    records2 = [{"attempt": 1, "started_at": "t"}, {"attempt": 1, "ended_at": "u", "reason": "preempted"},
+                {"attempt": 2, "started_at": "v"}, {"attempt": 2, "ended_at": "w", "rc": 0, "reason": "finished"}]
+    assert rl.last_state(records2, older) == "finished"
+    # the end line of an older attempt says nothing about the last one: it vanished
+    assert rl.last_state(records2[:3], older) == "dead" and rl.last_end(records2[:3], older) is None
+    # a `dead` note written by a later wrapper stays dead (relaunched)
+    noted = [{"attempt": 1, "started_at": "t"}, {"attempt": 1, "ended_at": None, "reason": "dead"}]
+    assert rl.last_state(noted, None) == "dead"
+
+
+# ---------------------------------------------------------------- a full disk never kills the wrapper
+
+def test_guarded_write_releases_the_reserve_once_and_never_raises(paths):
+    wrapper = w.Wrapper(paths.run_dir)
+    assert wrapper.make_reserve() and os.path.getsize(wrapper.reserve) == w.RESERVE_BYTES
+    calls = []
+
+    def full_then_ok():
+        calls.append(os.path.exists(wrapper.reserve))
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert wrapper.guarded("exit.json", full_then_ok) is True
+    assert calls == [True, False]  # the retry ran after the reserve was released
+
+    def always_full():
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    assert wrapper.guarded("exit.json", always_full) is False  # no reserve left: named, not raised
+
+
+def test_end_lines_start_on_a_line_of_their_own(paths):
+    wrapper = w.Wrapper(paths.run_dir)
+    Path(paths.log).write_bytes(b"step=3 loss=0.5\r50%|#####")  # a progress bar without a newline
+    wrapper.append_line(paths.log, "== rgt attempt 1 ended x reason=failed rc=1\n")
+    assert Path(paths.log).read_bytes().endswith(b"#####\n== rgt attempt 1 ended x reason=failed rc=1\n")
+    Path(paths.attempts).write_text('{"attempt": 1, "started_at": "t"}\n{"attempt": 1, "ende')  # torn
+    wrapper.append_record({"attempt": 1, "ended_at": "u", "rc": 1, "signal": None, "reason": "failed"})
+    assert rl.read_jsonl(paths.attempts)[-1]["reason"] == "failed"

@@ -9,11 +9,17 @@ samples and the attempt, forwards stop signals (TERM, INT, HUP) to the job's gro
 and writes .rgt/exit.json atomically when the job ends. Secrets are sourced inside bash from the secrets
 file: their values never appear in any argv.
 
+A full disk (bytes or inodes) never kills it: every record write is guarded, and .rgt/reserve (RESERVE_BYTES of
+incompressible bytes, one inode), made before the job starts, is released on the first ENOSPC/EDQUOT so the end
+records (final heartbeat, the attempts.jsonl end line, the job.log trailer, exit.json) still fit; the wrapper
+then exits cleanly. Whatever could not be written is named on its stderr.
+
 Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the role copies it there).
 """
 
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -35,6 +41,11 @@ GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
 GPU_HEADER = "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c"
 DEFAULTS = {"heartbeat_interval_s": 5, "gpu_sample_interval_s": 30, "grace_s": 30, "ckpt_glob": "*"}
 TICK_S = 0.2
+# What the end records need on a full disk: a few 4 KiB blocks (heartbeat, end line, log trailer, exit.json) and
+# one inode (exit.json; the heartbeat's temp file gives its inode back on rename). 64 KiB leaves room for
+# filesystem metadata.
+RESERVE_BYTES = 64 * 1024
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def now_iso(ts=None):
@@ -42,10 +53,16 @@ def now_iso(ts=None):
 
 
 def paths_for(run_dir):
-    """RunPaths of <durable_root>/<project>/active/<run_id> from the run directory itself."""
-    run_dir = os.path.abspath(run_dir)
-    run_id = os.path.basename(run_dir)
-    project_dir = os.path.dirname(os.path.dirname(run_dir))
+    """RunPaths of <durable_root>/<project>/active/<run_id> from the run directory itself. The path is split as
+    given, never normalised (`active/..` must not turn into another directory); RunPaths refuses a project or
+    run id that is not a plain name (ValueError)."""
+    run_dir = run_dir.rstrip("/")
+    if not os.path.isabs(run_dir):
+        run_dir = os.path.join(os.getcwd(), run_dir)
+    active, run_id = os.path.split(run_dir)
+    project_dir, active_name = os.path.split(active)
+    if active_name != "active":
+        raise ValueError("%s is not <durable_root>/<project>/active/<run_id>" % run_dir)
     return rl.RunPaths(os.path.dirname(project_dir), os.path.basename(project_dir), run_id)
 
 
@@ -68,8 +85,11 @@ def unfinished_attempts(records):
 
 def classify(rc, stop_signal=None):
     """(reason, signal) for a job's end. A stop signal to the wrapper makes it `preempted` whatever rc;
-    otherwise rc 0 -> finished, rc > 0 -> failed, rc < 0 (killed by signal -rc, e.g. -9 OOM) -> killed."""
+    otherwise rc 0 -> finished; a death by signal -> killed (rc < 0 from a process we started, or 128+n, the
+    way bash reports a command killed by signal n, e.g. 137 for the OOM killer's SIGKILL); else failed."""
     sig = -rc if rc is not None and rc < 0 else None
+    if rc is not None and 128 < rc <= 128 + 64:
+        sig = rc - 128
     if stop_signal:
         return "preempted", sig
     if rc == 0:
@@ -112,22 +132,47 @@ def build_env(job, paths, attempt, resume_from, base_env):
 
 
 def build_script(job):
-    """The bash -c script: proxy hook, secrets (sourced with allexport), cd to the code, exec the command.
-    Null parts are skipped; a missing secrets file or code dir stops the attempt before the command runs."""
-    parts = []
+    """The bash -c script (rgt_runlayout.command_script): proxy hook, secrets (sourced with allexport), cd to the
+    code, then the command as written. Null parts are skipped; a missing secrets file or code dir stops the
+    attempt before the command runs."""
+    prelude = []
     if job.get("proxy_hook"):
-        parts.append(job["proxy_hook"])
+        prelude.append(job["proxy_hook"])
     if job.get("secrets_file"):
-        parts.append("set -a; . %s || exit 98; set +a" % shell_quote(job["secrets_file"]))
+        prelude.append("set -a; . %s || exit 98; set +a" % shell_quote(job["secrets_file"]))
     if job.get("code_dir"):
-        parts.append("cd %s || exit 97" % shell_quote(job["code_dir"]))
-    parts.append("exec %s" % job["command"])
-    return "\n".join(parts)
+        prelude.append("cd %s || exit 97" % shell_quote(job["code_dir"]))
+    return rl.command_script(job["command"], prelude)
 
 
 def select_resume(job, paths):
     """Newest complete checkpoint under ckpt/ matching job.ckpt_glob, or None."""
     return rl.newest_checkpoint(paths.ckpt, job.get("ckpt_glob") or DEFAULTS["ckpt_glob"])
+
+
+def append_bytes(path, data):
+    """Append data to path unbuffered (a failed write leaves nothing in a buffer to fail again) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ends_with_newline(path):
+    """True when the file is empty, absent or unreadable, or its last byte is a newline."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() == 0:
+                return True
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
+    except OSError:
+        return True
 
 
 def gpu_rows(text, ts):
@@ -154,6 +199,7 @@ class Wrapper:
         self.kill_deadline = None
         self.grace_s = DEFAULTS["grace_s"]
         self.lock_handle = None
+        self.reserve = os.path.join(self.paths.meta, "reserve")
 
     # -- lock
     def take_lock(self):
@@ -193,11 +239,69 @@ class Wrapper:
         except OSError:
             pass
 
-    # -- records
-    def heartbeat(self, job_alive):
+    # -- the disk reserve and guarded writes
+    def say(self, text):
+        """A line on the wrapper's own stderr (tmux pane or logs/wrapper.log), never fatal."""
         try:
-            rl.atomic_write_json(self.paths.heartbeat, {"ts": round(time.time(), 3), "attempt": self.attempt,
-                                                        "job_alive": bool(job_alive)})
+            sys.stderr.write("rgt wrapper: %s\n" % text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def make_reserve(self):
+        """Set RESERVE_BYTES (random, so a compressing filesystem cannot shrink them) and one inode aside."""
+        try:
+            with open(self.reserve, "wb") as handle:
+                handle.write(os.urandom(RESERVE_BYTES))
+                handle.flush()
+                os.fsync(handle.fileno())
+            return True
+        except OSError as exc:
+            self.drop_reserve()
+            self.say("no disk reserve (%s): the end records may not fit if the disk fills" % exc)
+            return False
+
+    def drop_reserve(self):
+        """Release the reserve; True when there was one to release."""
+        try:
+            os.unlink(self.reserve)
+        except OSError:
+            return False
+        return True
+
+    def guarded(self, what, write):
+        """Run write(); on ENOSPC/EDQUOT release the reserve once and try again. Never raises: a record that
+        cannot be written is named on stderr and the wrapper goes on."""
+        while True:
+            try:
+                write()
+                return True
+            except OSError as exc:
+                if exc.errno in DISK_FULL and self.drop_reserve():
+                    self.say("disk full writing %s: released the reserve" % what)
+                    continue
+                self.say("could not write %s: %s" % (what, exc))
+                return False
+
+    def append_line(self, path, text):
+        """Append one line that starts a line of its own: a line torn by an earlier failed write, or a job's last
+        output without a newline, is ended first (so a jsonl record parses and a log marker starts its line)."""
+        data = text.encode("utf-8")
+        if not ends_with_newline(path):
+            data = b"\n" + data
+        append_bytes(path, data)
+
+    def append_record(self, record):
+        return self.guarded("the attempts.jsonl line", lambda: self.append_line(
+            self.paths.attempts, json.dumps(record, sort_keys=True) + "\n"))
+
+    # -- records
+    def heartbeat(self, job_alive, guard=False):
+        doc = {"ts": round(time.time(), 3), "attempt": self.attempt, "job_alive": bool(job_alive)}
+        if guard:  # the final beat may use the reserve
+            return self.guarded("the heartbeat", lambda: rl.atomic_write_json(self.paths.heartbeat, doc))
+        try:
+            rl.atomic_write_json(self.paths.heartbeat, doc)
         except OSError:
             pass  # a full disk must not kill the wrapper; the job keeps running
 
@@ -272,25 +376,29 @@ class Wrapper:
         self.close_previous(records)
         resume_from = select_resume(job, self.paths)
         env = build_env(job, self.paths, self.attempt, resume_from, os.environ)
+        self.make_reserve()  # before the job starts: it cannot fill this part of the disk
         started = time.time()
         inc = rl.incarnation()
+        self.guarded("the job.log header", lambda: self.append_line(
+            self.paths.log, "== rgt attempt %d started %s resume_from=%s\n"
+            % (self.attempt, now_iso(started), resume_from or "none")))
         log = open(self.paths.log, "ab")
-        log.write(("== rgt attempt %d started %s resume_from=%s\n"
-                   % (self.attempt, now_iso(started), resume_from or "none")).encode("utf-8"))
-        log.flush()
         devnull = open(os.devnull, "rb")
         self.proc = subprocess.Popen(["bash", "-c", build_script(job)], stdin=devnull, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, cwd=self.paths.run_dir,
                                      start_new_session=True, close_fds=True)
         self.pgid = self.proc.pid  # a new session: the leader's pid is the group id
         devnull.close()
-        rl.atomic_write_json(self.paths.pid, {"wrapper_pid": os.getpid(), "job_pid": self.proc.pid,
-                                              "pgid": self.pgid, "attempt": self.attempt,
-                                              "incarnation": inc})
-        rl.append_jsonl(self.paths.attempts, {
+        log.close()  # the job holds its own copy of the descriptor; the trailer is appended by path
+        # the job runs: from here on no write may kill the wrapper (it would leave the job unsupervised)
+        pid_doc = {"wrapper_pid": os.getpid(), "job_pid": self.proc.pid, "pgid": self.pgid,
+                   "attempt": self.attempt, "incarnation": inc}
+        self.guarded("the pid file", lambda: rl.atomic_write_json(self.paths.pid, pid_doc))
+        self.append_record({
             "attempt": self.attempt, "started_at": now_iso(started), "code_dir": job.get("code_dir"),
             "resume_from": resume_from, "incarnation": inc, "oom_kill": rl.cgroup_oom_kills(),
-            "detach": "tmux" if os.environ.get("TMUX") else "nohup"})
+            "detach": "tmux" if os.environ.get("TMUX") else "nohup",
+            "session": job.get("session") if os.environ.get("TMUX") else None})
         if self.stop_signal:  # a stop that arrived while starting
             self.forward_stop()
         self.heartbeat(True)
@@ -318,16 +426,17 @@ class Wrapper:
             self.killpg(signal.SIGKILL)  # stragglers of a stopped job (loader workers): grace is over
         reason, sig = classify(rc, self.stop_signal)
         ended = now_iso()
-        # exit.json last: whoever sees it also sees the end line, the final heartbeat and the log trailer
-        self.heartbeat(False)
-        rl.append_jsonl(self.paths.attempts, {"attempt": self.attempt, "ended_at": ended, "rc": rc,
-                                              "signal": sig, "reason": reason})
-        log.write(("== rgt attempt %d ended %s reason=%s rc=%s\n" % (self.attempt, ended, reason, rc))
-                  .encode("utf-8"))
-        log.close()
-        rl.atomic_write_json(self.paths.exit, {"attempt": self.attempt, "rc": rc, "signal": sig,
-                                               "reason": reason, "ended_at": ended,
-                                               "stop_signal": self.stop_signal})
+        # The end records, each guarded (a full disk releases the reserve once). The end line comes before
+        # exit.json: status and launch fall back to it when exit.json could not be written. exit.json last:
+        # whoever sees it also sees the end line, the final heartbeat and the log trailer.
+        self.heartbeat(False, guard=True)
+        self.append_record({"attempt": self.attempt, "ended_at": ended, "rc": rc, "signal": sig, "reason": reason})
+        trailer = "== rgt attempt %d ended %s reason=%s rc=%s\n" % (self.attempt, ended, reason, rc)
+        self.guarded("the job.log trailer", lambda: self.append_line(self.paths.log, trailer))
+        self.guarded("exit.json", lambda: rl.atomic_write_json(self.paths.exit, {
+            "attempt": self.attempt, "rc": rc, "signal": sig, "reason": reason, "ended_at": ended,
+            "stop_signal": self.stop_signal}))
+        self.drop_reserve()
         return 0
 
 
@@ -336,7 +445,12 @@ def main(argv=None):
     if len(argv) != 1:
         print("usage: <python> <run_dir>/.rgt/wrapper.py <run_dir>", file=sys.stderr)
         return 2
-    return Wrapper(argv[0]).run()
+    try:
+        wrapper = Wrapper(argv[0])
+    except ValueError as exc:  # the run dir's project or run id is not a plain name
+        print("refused: %s" % exc, file=sys.stderr)
+        return 2
+    return wrapper.run()
 
 
 if __name__ == "__main__":
