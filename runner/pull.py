@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
+from rgt import errors
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rgt-run pull", description=__doc__,
+    p = errors.ArgumentParser(prog="rgt-run pull", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
     p.add_argument("-l", "--limit", help="limit to these hosts/groups")
@@ -31,20 +32,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def runs_dir(arg: str | None) -> Path:
-    return Path(arg or os.environ.get("RGT_RUNS_DIR") or "runs").expanduser().resolve()
+LISTS = (("missing", "missing here"), ("unexpected", "unexpected here (never deleted; move it away)"),
+         ("size_mismatch", "of the wrong size"), ("sha_mismatch", "whose content differs from the box's (SHA-256)"))
+LIST_LABELS = ("missing locally:", "unexpected local file:", "size differs:", "SHA-256 differs:")
+
+
+def _named(paths: list[str], limit: int = 5) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more
+
+
+def what_failed(doc: dict) -> str:
+    """The cause of a failed pull in plain words: the files by kind, a refused manifest, a closeout that was not
+    sealed, a full disk (the module's own message), a transfer."""
+    error = str(doc.get("error") or "failed")
+    error = re.sub(r"^(?:\S+: )?PULL NOT VERIFIED for \S+: ", "", error)
+    if doc.get("unreachable"):
+        return f"the box is unreachable: {error}"
+    if doc.get("rsync_failed"):  # the transfer is the cause; the role's message names it and how to resume
+        return re.sub(r"^\S+: (?=rsync failed)", "", error)
+    kinds = [f"{len(doc[key])} file(s) {words}: {_named(doc[key])}" for key, words in LISTS if doc.get(key)]
+    if not kinds:
+        return error
+    others = [p for p in doc.get("problems") or [] if not str(p).startswith(LIST_LABELS)]
+    return "; ".join(kinds + others)
 
 
 def host_line(name: str, doc: dict) -> str:
     if doc.get("verified"):
         mb = (doc.get("bytes") or 0) / 1e6
-        return f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> {doc.get('dest')}"
-    return f"{name}: NOT verified: {doc.get('error') or 'failed'}"
+        repaired = doc.get("repaired") or []
+        fixed = f" (re-sent {len(repaired)} file(s) changed locally: {_named(repaired)})" if repaired else ""
+        return (f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> {doc.get('dest')}"
+                f"{fixed}")
+    return f"{name}: NOT verified: {what_failed(doc)}"
 
 
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import prepare
-    from rgt.ledger import ledger_dir
+    from rgt.ledger import ledger_dir, runs_dir
     from rgt.phases import run_playbook
 
     ns = argparse.Namespace(**vars(args))

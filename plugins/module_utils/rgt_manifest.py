@@ -28,7 +28,10 @@ import sys
 
 SCHEMA = "rgt/manifest/v1"
 CHUNK = 1 << 20
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+try:  # the one name rule (absent when this file runs alone as a checkpoint loader: load_checkpoint_with)
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_name
+except ImportError:  # pragma: no cover
+    check_name = None
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -106,8 +109,9 @@ def list_tree(root, refuse_symlinks=True):
 
 def build_manifest(root, run_id, host=None, instance_id=None, created_at=None):
     """The manifest document of the capsule at root (one pass, 1 MiB chunks)."""
-    if not RUN_ID_RE.match(run_id or ""):
-        raise ManifestError("run_id %r does not match ^[A-Za-z0-9._-]+$" % (run_id,))
+    problem = check_name(run_id, "run id")
+    if problem:
+        raise ManifestError(problem)
     if os.path.islink(root):
         raise ManifestError("the capsule %s is a symlink" % root)
     if not os.path.isdir(root):
@@ -145,8 +149,8 @@ def validate_manifest(doc, run_id=None):
     if doc.get("schema") != SCHEMA:
         problems.append("schema is %r, expected %r" % (doc.get("schema"), SCHEMA))
     rid = doc.get("run_id")
-    if not isinstance(rid, str) or not RUN_ID_RE.match(rid):
-        problems.append("run_id %r is not a valid run id" % (rid,))
+    if check_name(rid, "run id"):
+        problems.append(check_name(rid, "run id"))
     elif run_id is not None and rid != run_id:
         problems.append("run_id is %r, expected %r" % (rid, run_id))
     files = doc.get("files")

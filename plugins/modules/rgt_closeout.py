@@ -11,9 +11,15 @@ module: rgt_closeout
 short_description: Seal a finished run as export/<run_id> with an external manifest, in one round trip
 description:
   - Builds the candidate C(<project>/export/.partial/<run_id>/) from the run (C(out/<outputs>) or all of C(out/),
-    C(ckpt/<declared>) only, and a generated C(run.json)), validates it (required outputs are regular files, no
-    symlinks, declared checkpoints load when a loader is importable), then renames it to C(export/<run_id>/) in one
-    atomic rename and writes C(export/<run_id>.manifest.json) (outside the capsule) atomically.
+    C(ckpt/<declared>) only, and a generated C(run.json)), validates it (every declared output exists, no
+    symlink or special file on any exported path, declared checkpoints load when a loader is importable), then
+    renames it to C(export/<run_id>/) in one atomic rename and writes C(export/<run_id>.manifest.json) (outside
+    the capsule) atomically.
+  - An output or checkpoint entry is a file, a directory (collected recursively, regular files only; a trailing
+    C(/) requires a directory) or a glob (C(*), C(?), C([...]) matched per path component, e.g.
+    C(checkpoint-*/model.safetensors)); a glob needs at least one match. Every component from the run directory
+    down (C(out/) and C(ckpt/) included) is opened without following a symlink and files are copied from the
+    opened descriptor (module_utils/rgt_outputs); a symlink anywhere refuses the candidate, named.
   - A failed candidate is moved to C(quarantine/<run_id>--<attempt>/) (a suffix is added when that exists) with
     C(REASON.txt), and the module fails with the reason.
   - A sealed export is never overwritten; a second closeout is a no-op (C(changed=false), "already sealed").
@@ -35,12 +41,12 @@ options:
     type: list
     elements: str
     default: []
-    description: "Required files under C(out/); empty exports all of C(out/)."
+    description: "Required outputs under C(out/): files, directories or globs; empty exports all of C(out/)."
   declared_checkpoints:
     type: list
     elements: str
     default: []
-    description: "Checkpoints relative to C(ckpt/) (files or directories)."
+    description: "Checkpoints relative to C(ckpt/): files, directories or globs."
   attempt:
     type: int
     description: "Attempt number for the quarantine name; default the last one in attempts.jsonl."
@@ -95,6 +101,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_outputs as outs
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     RUN_LAYOUT_ARGS,
     RunPaths,
@@ -106,40 +113,42 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout impor
 )
 
 
-class Refused(Exception):
-    pass
-
-
 def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def copy_file(src, dst):
-    if os.path.islink(src):
-        raise Refused("%s is a symlink" % src)
-    if not os.path.isfile(src):
-        raise Refused("%s is not a regular file" % src)
-    parent = os.path.dirname(dst)
-    if not os.path.isdir(parent):
-        os.makedirs(parent)
-    shutil.copy2(src, dst)
-    with open(dst, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def copy_tree(src, dst, label):
-    """Copy a directory of regular files (refusing symlinks and special files); returns the files copied."""
-    if os.path.islink(src):
-        raise Refused("%s is a symlink" % label)
+def gather(run_dir, sub, entries, partial, what, everything=False):
+    """Copy what `entries` name under <run_dir>/<sub> (`out`, `ckpt`) into <partial>/<sub>, never through a
+    symlink (module_utils/rgt_outputs). everything=True takes all of <sub>. Returns (copied paths relative to
+    <sub>, problems)."""
+    label = sub + "/"
+    problems = []
     try:
-        files, _l, _o = mf.list_tree(src, refuse_symlinks=True)
-    except mf.ManifestError as exc:
-        base = label.rstrip("/")
-        raise Refused("refused in %s: %s" % (label, ", ".join(
-            "%s %s/%s" % (p.split(": ", 1)[0], base, p.split(": ", 1)[1]) for p in exc.problems))) from None
-    for rel in files:
-        copy_file(os.path.join(src, *rel.split("/")), os.path.join(dst, *rel.split("/")))
-    return files
+        base = outs.open_run_subdir(run_dir, sub)
+    except outs.Refused as exc:
+        return [], ["%s: %s" % ("everything in out/" if everything else what + "s", exc)]
+    if base is None:
+        if everything:
+            return [], ["out/ is missing"]
+        return [], [outs.missing_words(e, label, what) for e in entries]
+    try:
+        if everything:
+            files = outs.walk_files(base, "", label, problems)
+        else:
+            res = outs.resolve(base, entries, label)
+            files = res["files"]
+            problems += [outs.missing_words(e, label, what) for e in res["missing"]]
+            for r in res["entries"]:
+                if r.problems:
+                    problems.append("%s %s%s refused: %s" % (what, label, r.entry, "; ".join(r.problems)))
+        for rel in files:  # what resolved cleanly is copied even when another entry failed (quarantine shows it)
+            try:
+                outs.copy_file(base, rel, os.path.join(partial, sub, *rel.split("/")), label)
+            except outs.Refused as exc:
+                problems.append(str(exc))
+        return files, problems
+    finally:
+        os.close(base)
 
 
 def attempts_of(paths):
@@ -153,8 +162,14 @@ def attempts_of(paths):
     return [merged[k] for k in sorted(merged, key=lambda x: (str(type(x)), x))]
 
 
-def not_pulled(paths, exported_ckpt, outputs_all, outputs):
-    """What the run dir holds that the capsule leaves out, and why (for PROVENANCE.md)."""
+def not_pulled(paths, capsule):
+    """What the run dir holds that the sealed capsule leaves out, and why (for PROVENANCE.md)."""
+    try:
+        sealed, _l, _o = mf.list_tree(capsule, refuse_symlinks=False)
+    except OSError:
+        sealed = []
+    sealed = set(sealed)
+    sealed_ckpt = set(f.split("/")[1] for f in sealed if f.startswith("ckpt/"))
     out = []
     try:
         names = sorted(os.listdir(paths.run_dir))
@@ -170,18 +185,29 @@ def not_pulled(paths, exported_ckpt, outputs_all, outputs):
         elif name == ".rgt":
             out.append({"path": ".rgt/", "reason": "wrapper state; attempts are copied into run.json"})
         elif name == "ckpt":
-            for ck in sorted(os.listdir(paths.ckpt)):
-                if ck not in exported_ckpt:
+            try:
+                ckpts = sorted(os.listdir(paths.ckpt))
+            except OSError:
+                ckpts = []
+            for ck in ckpts:
+                if ck not in sealed_ckpt:
                     out.append({"path": "ckpt/" + ck, "reason": "not a declared checkpoint (rolling/resume state)"})
         elif name == "out":
-            if not outputs_all:
+            extra = []
+            try:
+                base = outs.open_run_subdir(paths.run_dir, "out")
+            except (outs.Refused, OSError):
+                base = None
+            if base is not None:
                 try:
-                    extra, _l, _o = mf.list_tree(paths.out, refuse_symlinks=False)
+                    extra = outs.walk_files(base, "", "out/", [])
                 except OSError:
                     extra = []
-                for rel in extra:
-                    if rel not in outputs:
-                        out.append({"path": "out/" + rel, "reason": "not a declared output"})
+                finally:
+                    os.close(base)
+            for rel in extra:
+                if "out/" + rel not in sealed:
+                    out.append({"path": "out/" + rel, "reason": "not a declared output"})
         else:
             out.append({"path": name, "reason": "outside out/ and ckpt/"})
     return out
@@ -220,14 +246,16 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if not mf.RUN_ID_RE.match(p["run_id"]):
-        module.fail_json(msg="run_id %r does not match ^[A-Za-z0-9._-]+$" % p["run_id"])
+    try:
+        paths = RunPaths(expand_root(p["durable_root"]), p["project"], p["run_id"])
+    except ValueError as exc:
+        module.fail_json(msg="nothing sealed: %s" % exc)
     for label, items in (("outputs", p["outputs"]), ("declared_checkpoints", p["declared_checkpoints"])):
         for item in items:
-            reason = mf.check_relpath(item)
-            if reason:
-                module.fail_json(msg="%s entry %r is refused: %s" % (label, item, reason))
-    paths = RunPaths(expand_root(p["durable_root"]), p["project"], p["run_id"])
+            try:
+                outs.split_entry(item)
+            except ValueError as exc:
+                module.fail_json(msg="%s entry %r is refused: %s" % (label, item, exc))
     capsule = os.path.join(paths.export_dir, p["run_id"])
     manifest_path = capsule + ".manifest.json"
     partial = os.path.join(paths.partial_dir, p["run_id"])
@@ -235,7 +263,7 @@ def main():
     result = dict(changed=False, sealed=False, capsule=capsule, manifest_path=manifest_path, run_dir=paths.run_dir)
 
     def excluded():
-        return not_pulled(paths, set(p["declared_checkpoints"]), outputs_all, p["outputs"])
+        return not_pulled(paths, capsule)
 
     # 1. a sealed export is never touched again
     if os.path.isdir(capsule) and not os.path.islink(capsule):
@@ -286,39 +314,13 @@ def main():
             shutil.rmtree(partial) if os.path.isdir(partial) and not os.path.islink(partial) else os.unlink(partial)
         os.makedirs(partial)
         problems = []
-        if outputs_all:
-            if os.path.isdir(paths.out) and not os.path.islink(paths.out):
-                try:
-                    copy_tree(paths.out, os.path.join(partial, "out"), "out/")
-                except Refused as exc:
-                    problems.append(str(exc))
-            else:
-                problems.append("out/ is missing")
-        for rel in p["outputs"]:
-            src = os.path.join(paths.out, *rel.split("/"))
-            if os.path.islink(src):
-                problems.append("required output out/%s is a symlink" % rel)
-            elif not os.path.isfile(src):
-                problems.append("required output out/%s is %s" % (rel, "not a regular file" if os.path.exists(src)
-                                                                   else "missing"))
-            else:
-                copy_file(src, os.path.join(partial, "out", *rel.split("/")))
-        for rel in p["declared_checkpoints"]:
-            src = os.path.join(paths.ckpt, *rel.split("/"))
-            dst = os.path.join(partial, "ckpt", *rel.split("/"))
-            if os.path.islink(src):
-                problems.append("declared checkpoint ckpt/%s is a symlink" % rel)
-            elif os.path.isdir(src):
-                try:
-                    for f in copy_tree(src, dst, "ckpt/" + rel):
-                        checkpoints.append(("ckpt/%s/%s" % (rel, f), os.path.join(dst, *f.split("/"))))
-                except Refused as exc:
-                    problems.append(str(exc))
-            elif os.path.isfile(src):
-                copy_file(src, dst)
-                checkpoints.append(("ckpt/" + rel, dst))
-            else:
-                problems.append("declared checkpoint ckpt/%s is missing" % rel)
+        _files, found = gather(paths.run_dir, "out", p["outputs"], partial, "required output", everything=outputs_all)
+        problems += found
+        if p["declared_checkpoints"]:
+            ck_files, found = gather(paths.run_dir, "ckpt", p["declared_checkpoints"], partial, "declared checkpoint")
+            problems += found
+            if not found:
+                checkpoints = [("ckpt/" + rel, os.path.join(partial, "ckpt", *rel.split("/"))) for rel in ck_files]
         code_dir = job.get("code_dir") or ""
         run_doc = {"schema": "rgt/run/v1", "run_id": p["run_id"], "host": p["host"],
                    "instance_id": p["instance_id"], "job_name": p["job_name"] or p["run_id"],

@@ -12,12 +12,17 @@ short_description: Verify a pulled export against its manifest and write the PUL
 description:
   - Run with C(delegate_to=localhost). With I(incoming_manifest), first validates the freshly fetched manifest
     and moves it onto I(manifest_path) (an identical one is left as it is), returning the top-level entries to pull.
+    A manifest sealed on another host or instance than I(host)/I(instance_id) is refused, named.
+  - After the promotion, when the local copy I(dest) exists, returns in C(repair) the local files whose size or
+    SHA-256 differs from the manifest (rsync's quick check would skip a corrupted file with the right size and
+    mtime) and writes their NUL-separated list for C(rsync --from0 --files-from --ignore-times).
   - With I(verify) the local directory I(dest) must equal the manifest exactly (missing and unexpected files are
     named), every size and SHA-256 must match, every declared checkpoint must load when a loader is importable,
     and I(verify_command) (if given) must exit 0 with cwd I(dest).
   - Success writes C(<host>.PULL_VERIFIED.json) and C(<host>.PROVENANCE.md) beside I(dest), atomically, only
-    when their content changes (C(verified_at) is kept from an equal earlier marker). Failure removes a stale
-    marker and fails naming the files (first 20 of each kind).
+    when their content changes (C(verified_at) is kept from an equal earlier marker); the provenance note first,
+    the marker last. Any failure (a refused manifest, a file check, an error writing the note or the marker, such
+    as a full disk) removes the marker and fails naming the cause (the files, first 20 of each kind).
 options:
   dest:
     type: path
@@ -40,7 +45,9 @@ options:
     description: "Inventory name of the box."
   instance_id:
     type: str
-    description: "The box's instance id (recorded)."
+    description:
+      - "The box's instance id (recorded); the manifest's C(instance_id) must equal it."
+      - Required with I(incoming_manifest).
   profile:
     type: str
     description: "The platform profile name (recorded in the provenance note)."
@@ -48,7 +55,7 @@ options:
     type: list
     elements: str
     default: []
-    description: "Checkpoints relative to C(ckpt/)."
+    description: "Checkpoints relative to C(ckpt/): files, directories or globs (module_utils/rgt_outputs)."
   verify_command:
     type: str
     description: "Shell line run with cwd I(dest) after the file checks; must exit 0."
@@ -114,8 +121,15 @@ verify_command_rc:
 marker:
   type: str
   description: "Path of PULL_VERIFIED.json."
+repair:
+  type: list
+  description: "Local files whose size or SHA-256 differs from the promoted manifest (promotion only)."
+repair_list:
+  type: str
+  description: "NUL-separated list of I(repair) for rsync --from0 --files-from (null when nothing to repair)."
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -124,6 +138,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_outputs as outs
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import atomic_write, fsync_dir, read_json
 
 MARKER_SCHEMA = "rgt/pull-verified/v1"
@@ -133,12 +148,60 @@ def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def promote(module, incoming, target, run_id):
+class Failed(Exception):
+    """Why the pull is not verified; main() removes the marker and fails with it."""
+
+    def __init__(self, message, **extra):
+        Exception.__init__(self, message)
+        self.message = message
+        self.extra = extra
+
+
+ERRNO_WORDS = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the local disk quota is exceeded",
+               errno.EROFS: "the local filesystem is read-only", errno.EACCES: "permission denied",
+               errno.EPERM: "permission denied", errno.EIO: "an I/O error on the local disk"}
+
+
+def os_words(exc, with_path=True):
+    """A plain description of an OSError: what happened, then the system's own words (and the path)."""
+    what = ERRNO_WORDS.get(getattr(exc, "errno", None))
+    path = getattr(exc, "filename", None) if with_path else None
+    detail = "%s%s" % (exc.strerror or exc, (": %s" % path) if path else "")
+    return "%s (%s)" % (what, detail) if what else detail
+
+
+class WriteError(Exception):
+    def __init__(self, path, cause):
+        Exception.__init__(self, "%s: %s" % (path, cause))
+        self.path = path
+        self.cause = cause
+
+
+def write_or_say(path, data):
+    """write_if_changed, naming the file when it fails."""
+    try:
+        return write_if_changed(path, data)
+    except (IOError, OSError) as exc:
+        raise WriteError(path, exc) from None
+
+
+def identity_problem(doc, host, instance_id):
+    """None when the manifest was sealed on this host and instance, else the reason (names both)."""
+    if doc.get("host") == host and (instance_id is None or doc.get("instance_id") == instance_id):
+        return None
+    return "it was sealed on host %s, instance %s, but this pull is for host %s, instance %s" % (
+        doc.get("host"), doc.get("instance_id"), host, instance_id if instance_id is not None else "(any)")
+
+
+def promote(incoming, target, run_id, host, instance_id):
     """Validate the fetched manifest and move it onto target; False when target already held the same bytes."""
     try:
         doc, raw = mf.load_manifest(incoming, run_id)
     except mf.ManifestError as exc:
-        module.fail_json(msg="the box's manifest was refused: %s" % exc.message, problems=exc.problems)
+        raise Failed("the box's manifest was refused: %s" % exc.message, problems=exc.problems) from None
+    problem = identity_problem(doc, host, instance_id)
+    if problem:
+        raise Failed("the box's manifest was refused: %s" % problem, problems=[problem])
     same = False
     if os.path.isfile(target):
         with open(target, "rb") as handle:
@@ -152,6 +215,21 @@ def promote(module, incoming, target, run_id):
     os.rename(incoming, target)
     fsync_dir(parent)
     return doc, raw, True
+
+
+def repairs(dest, doc, list_path):
+    """Local files of dest whose size or SHA-256 differs from the manifest, and their NUL-separated list file
+    (removed when there is nothing to repair)."""
+    found = []
+    if os.path.isdir(dest) and not os.path.islink(dest):
+        cmp_result = mf.compare(dest, doc)
+        found = sorted(cmp_result["size_mismatch"] + cmp_result["sha_mismatch"])
+    if found:
+        atomic_write(list_path, "".join(path + "\0" for path in found).encode("utf-8"))
+        return found, list_path
+    if os.path.lexists(list_path):
+        os.unlink(list_path)
+    return found, None
 
 
 def provenance(p, doc, sha, run_doc, checkpoints):
@@ -198,6 +276,77 @@ def write_if_changed(path, data):
     return True
 
 
+def remove_marker(marker):
+    """True when a marker was removed."""
+    if not os.path.lexists(marker):
+        return False
+    os.unlink(marker)
+    fsync_dir(os.path.dirname(marker) or ".")
+    return True
+
+
+def check(p, dest, doc, result):
+    """The file checks, checkpoint loads and verify_command; returns (problems, checkpoints)."""
+    cmp_result = mf.compare(dest, doc)
+    result.update((k, cmp_result[k]) for k in ("missing", "unexpected", "size_mismatch", "sha_mismatch"))
+    problems = []
+    described = mf.describe_problems(cmp_result, p["max_names"])
+    if described:
+        problems.append(described)
+
+    # declared checkpoints: every manifest file an entry covers under ckpt/ (a file, a directory's files, a glob)
+    checkpoints = []
+    listed = [e["path"] for e in doc["files"]]
+    for rel in p["declared_checkpoints"]:
+        members = outs.match_listed(listed, rel, "ckpt")
+        if not members:
+            problems.append("declared checkpoint ckpt/%s is not in the manifest" % rel)
+        for member in members:
+            full = os.path.join(dest, *member.split("/"))
+            if member in cmp_result["missing"]:
+                continue
+            res = mf.load_checkpoint(full, member)
+            checkpoints.append(res)
+            if res["ok"] is False:
+                problems.append("checkpoint %s does not load (%s): %s" % (member, res["loader"], res["detail"]))
+
+    if not problems and p["verify_command"]:
+        env = dict(os.environ, RGT_RUN_ID=p["run_id"], RGT_PULL_DIR=dest, RGT_MANIFEST=p["manifest_path"])
+        try:
+            proc = subprocess.run(p["verify_command"], shell=True, cwd=dest, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, timeout=p["verify_timeout_s"])
+            result["verify_command_rc"] = proc.returncode
+            result["verify_command_output"] = proc.stdout.decode("utf-8", "replace")[-4000:]
+            if proc.returncode != 0:
+                problems.append("verify_command exited %d: %s" % (
+                    proc.returncode, result["verify_command_output"].strip()[-600:]))
+        except subprocess.TimeoutExpired:
+            result["verify_command_rc"] = None
+            problems.append("verify_command ran past %d s" % p["verify_timeout_s"])
+    return problems, checkpoints
+
+
+def write_outputs(p, doc, sha, dest, marker, prov_path, checkpoints):
+    """Write PROVENANCE.md, then PULL_VERIFIED.json (the gate's evidence, last); True when either changed."""
+    marker_doc = {"schema": MARKER_SCHEMA, "run_id": p["run_id"], "host": p["host"],
+                  "instance_id": p["instance_id"], "manifest_sha256": sha, "files": doc["totals"]["files"],
+                  "bytes": doc["totals"]["bytes"],
+                  "checkpoints": [{"path": c["path"], "loader": c["loader"], "ok": c["ok"]} for c in checkpoints],
+                  "verify_command": p["verify_command"]}
+    old = read_json(marker)
+    if isinstance(old, dict) and old.get("verified_at") and \
+            dict((k, v) for k, v in old.items() if k != "verified_at") == marker_doc:
+        marker_doc["verified_at"] = old["verified_at"]  # same facts: keep the marker byte-identical
+    else:
+        marker_doc["verified_at"] = now_iso()
+    changed = False
+    run_doc = read_json(os.path.join(dest, "run.json")) or {}
+    if p["not_pulled"] is not None or not os.path.exists(prov_path):
+        p["not_pulled"] = p["not_pulled"] or []
+        changed = write_or_say(prov_path, provenance(p, doc, sha, run_doc, checkpoints))
+    return write_or_say(marker, json.dumps(marker_doc, sort_keys=True, indent=1) + "\n") or changed
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -224,97 +373,73 @@ def main():
     marker = os.path.join(base, "%s.PULL_VERIFIED.json" % p["host"])
     prov_path = os.path.join(base, "%s.PROVENANCE.md" % p["host"])
     result = dict(changed=False, verified=False, marker=marker, dest=dest, manifest_path=p["manifest_path"])
+    if p["incoming_manifest"] and p["instance_id"] is None:
+        module.fail_json(msg="instance_id is required with incoming_manifest (the manifest's instance must match)",
+                         **result)
+    where = "%s/%s" % (p["run_id"], p["host"])
+    try:
+        run(p, dest, marker, prov_path, result)
+    except Failed as exc:
+        result.update(exc.extra)
+        fail(module, result, marker, "PULL NOT VERIFIED for %s: %s" % (where, exc.message))
+    except (IOError, OSError) as exc:
+        fail(module, result, marker, "PULL NOT VERIFIED for %s: %s; nothing is marked verified" % (
+            where, os_words(exc)))
+    module.exit_json(**result)
 
+
+def fail(module, result, marker, msg):
+    """Remove the marker (a stale one, or one half-way through a failed write) and fail with msg."""
+    result["verified"] = False
+    try:
+        if remove_marker(marker):
+            result["changed"] = True
+            result["marker_removed"] = True
+    except (IOError, OSError) as exc:
+        msg += "; and the marker %s could not be removed: %s (delete it by hand)" % (marker, os_words(exc))
+    module.fail_json(msg=msg, **result)
+
+
+def run(p, dest, marker, prov_path, result):
     if p["incoming_manifest"]:
-        doc, raw, moved = promote(module, p["incoming_manifest"], p["manifest_path"], p["run_id"])
+        doc, raw, moved = promote(p["incoming_manifest"], p["manifest_path"], p["run_id"], p["host"],
+                                  p["instance_id"])
         result["changed"] = moved
     else:
         try:
             doc, raw = mf.load_manifest(p["manifest_path"], p["run_id"])
         except mf.ManifestError as exc:
-            removed = os.path.exists(marker)
-            if removed:
-                os.unlink(marker)
-            module.fail_json(msg="cannot verify %s: %s" % (dest, exc.message), problems=exc.problems,
-                             changed=removed, **{k: v for k, v in result.items() if k != "changed"})
+            raise Failed("cannot verify %s: %s" % (dest, exc.message), problems=exc.problems) from None
+        problem = identity_problem(doc, p["host"], p["instance_id"])
+        if problem:
+            raise Failed("the local manifest %s is refused: %s" % (p["manifest_path"], problem), problems=[problem])
     sha = mf.sha256_bytes(raw)
     result.update(manifest_sha256=sha, entries=mf.top_level_entries(doc), files=doc["totals"]["files"],
                   bytes=doc["totals"]["bytes"])
     if not p["verify"]:
-        module.exit_json(**result)
+        if p["incoming_manifest"]:
+            list_path = os.path.join(os.path.dirname(p["incoming_manifest"]), "%s.repair" % p["host"])
+            result["repair"], result["repair_list"] = repairs(dest, doc, list_path)
+        return
 
-    cmp_result = mf.compare(dest, doc)
-    result.update((k, cmp_result[k]) for k in ("missing", "unexpected", "size_mismatch", "sha_mismatch"))
-    problems = []
-    described = mf.describe_problems(cmp_result, p["max_names"])
-    if described:
-        problems.append(described)
-
-    # declared checkpoints: every manifest file under ckpt/<entry> (a file, or a directory's files)
-    checkpoints = []
-    listed = [e["path"] for e in doc["files"]]
-    for rel in p["declared_checkpoints"]:
-        prefix = "ckpt/" + rel.strip("/")
-        members = [x for x in listed if x == prefix or x.startswith(prefix + "/")]
-        if not members:
-            problems.append("declared checkpoint %s is not in the manifest" % prefix)
-        for member in members:
-            full = os.path.join(dest, *member.split("/"))
-            if member in cmp_result["missing"]:
-                continue
-            res = mf.load_checkpoint(full, member)
-            checkpoints.append(res)
-            if res["ok"] is False:
-                problems.append("checkpoint %s does not load (%s): %s" % (member, res["loader"], res["detail"]))
+    problems, checkpoints = check(p, dest, doc, result)
     result["checkpoints"] = checkpoints
-
-    if not problems and p["verify_command"]:
-        env = dict(os.environ, RGT_RUN_ID=p["run_id"], RGT_PULL_DIR=dest, RGT_MANIFEST=p["manifest_path"])
-        try:
-            proc = subprocess.run(p["verify_command"], shell=True, cwd=dest, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=p["verify_timeout_s"])
-            result["verify_command_rc"] = proc.returncode
-            result["verify_command_output"] = proc.stdout.decode("utf-8", "replace")[-4000:]
-            if proc.returncode != 0:
-                problems.append("verify_command exited %d: %s" % (
-                    proc.returncode, result["verify_command_output"].strip()[-600:]))
-        except subprocess.TimeoutExpired:
-            result["verify_command_rc"] = None
-            problems.append("verify_command ran past %d s" % p["verify_timeout_s"])
-
     if problems:
-        if os.path.exists(marker):
-            os.unlink(marker)
-            fsync_dir(base)
-            result["changed"] = True
-            result["marker_removed"] = True
-        result["problems"] = problems
-        module.fail_json(msg="PULL NOT VERIFIED for %s/%s: %s" % (p["run_id"], p["host"], "; ".join(problems)),
-                         **result)
+        raise Failed("; ".join(problems), problems=problems)
 
-    result["verified"] = True
     if p["write_marker"]:
-        marker_doc = {"schema": MARKER_SCHEMA, "run_id": p["run_id"], "host": p["host"],
-                      "instance_id": p["instance_id"], "manifest_sha256": sha, "files": doc["totals"]["files"],
-                      "bytes": doc["totals"]["bytes"],
-                      "checkpoints": [{"path": c["path"], "loader": c["loader"], "ok": c["ok"]} for c in checkpoints],
-                      "verify_command": p["verify_command"]}
-        old = read_json(marker)
-        if isinstance(old, dict) and old.get("verified_at") and \
-                dict((k, v) for k, v in old.items() if k != "verified_at") == marker_doc:
-            marker_doc["verified_at"] = old["verified_at"]  # same facts: keep the marker byte-identical
-        else:
-            marker_doc["verified_at"] = now_iso()
-        changed = write_if_changed(marker, json.dumps(marker_doc, sort_keys=True, indent=1) + "\n")
-        run_doc = read_json(os.path.join(dest, "run.json")) or {}
-        if p["not_pulled"] is not None or not os.path.exists(prov_path):
-            p["not_pulled"] = p["not_pulled"] or []
-            changed = write_if_changed(prov_path, provenance(p, doc, sha, run_doc, checkpoints)) or changed
+        try:
+            changed = write_outputs(p, doc, sha, dest, marker, prov_path, checkpoints)
+        except WriteError as exc:
+            cause = os_words(exc.cause, with_path=False)
+            raise Failed("every file matched, but %s could not be written: %s; no PULL_VERIFIED.json is left: "
+                         "free the space (or fix the path) and re-run" % (exc.path, cause),
+                         problems=["%s: %s" % (exc.path, cause)]) from None
         result["changed"] = result["changed"] or changed
         result["provenance"] = prov_path
+    result["verified"] = True
     result["msg"] = "PULL VERIFIED: %d files, %d bytes, SHA-256 match (%s)" % (
         doc["totals"]["files"], doc["totals"]["bytes"], marker)
-    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -119,22 +119,31 @@ def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run
     assert "already sealed" in again.host["closeout"]
 
     weights = pull.dest / "out" / "weights.bin"
+    good = sha(weights)
+    before = weights.stat()
     data = bytearray(weights.read_bytes())
     data[123456] ^= 0xFF
     weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime kept: rsync's quick check passes
     tampered = pull("--verify-only")
     assert tampered.returncode == 1, tampered.out
-    assert "SHA-256 differs: out/weights.bin" in tampered.out
+    assert "SHA-256 differs: out/weights.bin" in tampered.host["error"]
+    assert "content differs from the box's (SHA-256): out/weights.bin" in tampered.out
     assert tampered.host["sha_mismatch"] == ["out/weights.bin"] and not pull.marker.exists()
+
+    repaired = pull()  # re-sends exactly the corrupted file over the pinned SSH options, then verifies
+    assert repaired.returncode == 0, repaired.out
+    assert repaired.host["repaired"] == ["out/weights.bin"] and sha(weights) == good
+    assert "re-sent 1 file(s) changed locally: out/weights.bin" in repaired.out and pull.marker.exists()
 
     weights.unlink()
     missing = pull("--verify-only")
-    assert missing.returncode == 1 and "missing locally: out/weights.bin" in missing.out
+    assert missing.returncode == 1 and "1 file(s) missing here: out/weights.bin" in missing.out
 
     (pull.dest / "out" / "stale.txt").write_text("from an older pull")
     extra = pull()  # the pull restores weights.bin, never deletes the stale file
     assert extra.returncode == 1, extra.out
-    assert "unexpected local file: out/stale.txt" in extra.out and not pull.marker.exists()
+    assert "unexpected here (never deleted; move it away): out/stale.txt" in extra.out and not pull.marker.exists()
     assert sha(weights) == json.loads(local_manifest)["files"][2]["sha256"]
     (pull.dest / "out" / "stale.txt").unlink()
     healed = pull()

@@ -45,7 +45,7 @@ def test_empty_capsule_and_bad_run_id_are_refused(tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     with pytest.raises(mf.ManifestError, match="empty"):
         mf.build_manifest(str(tmp_path / "empty"), "r1")
-    with pytest.raises(mf.ManifestError, match="run_id"):
+    with pytest.raises(mf.ManifestError, match="run id"):
         mf.build_manifest(str(capsule(tmp_path)), "../x")
 
 
