@@ -1,12 +1,15 @@
-"""`rgt-run teardown`: stop the meter of each host, behind the teardown gate (design.md "Teardown gate").
+"""`rgt-run teardown`: stop the meter of each instance, behind the box-wide teardown gate (design.md "Teardown gate").
 
-The runner asks; the role decides. For each host the user names the instance: typed at an interactive prompt
-that shows the verb, whether it can be undone, what it deletes and what keeps billing, or passed with
-`--confirm <instance-id>` (repeatable, one per host). A host without a matching confirmation is refused here
-(exit 3) and never reaches the playbook: zero control-plane calls. Confirmed hosts run playbooks/teardown.yml
-with `rgt_teardown_confirms: {host: id}`; the role re-checks the confirmation and the pull
-(PULL_VERIFIED.json vs the manifest now on the box, and a fresh local re-verification) and refuses with
-rc_hint 3 on its own, so `rgt-run playbooks/teardown.yml` without a confirmation is refused too.
+First it looks: a read-only play (playbooks/teardown.yml with teardown_plan_only, in check mode: no control-plane
+call, nothing changed on the box) lists EVERY run on each box, all projects, with its state and its export. Then
+it shows a plan per instance: every run with its state and pull state, the verb, whether it can be undone, what it
+deletes, what keeps billing and the clocks it starts. When the gate refuses (a live run; a finished or sealed run
+whose pull is not verified against the manifest now on the box; a manifest written on another instance) it says
+why and exits 3 without asking and without calling anything. Otherwise it asks for the instance id (typed at an
+interactive prompt, or `--confirm <instance-id>`, repeatable, one per instance) and runs playbooks/teardown.yml,
+whose role looks at the box again and re-checks the same gate (rgt_gate, one copy) before it calls anything.
+Hosts that carry one instance id (rgt_shared_volume: true) are one teardown: one plan, one confirmation, one
+meter stop. `-e @job.yml` is accepted but not needed: the gate is box-wide, not per run.
 """
 
 from __future__ import annotations
@@ -14,23 +17,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.panel import Panel
+from rich.markup import escape
 
-from rgt import errors
-from rgt.ledger import ledger_dir, read_json
+from rgt import errors, paths
+from rgt.ledger import ledger_dir, read_json, runs_dir
+
+_gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rgt-run teardown", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = errors.ArgumentParser(prog="rgt-run teardown", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
     p.add_argument("-l", "--limit", help="limit to these hosts/groups")
-    p.add_argument("-e", "--extra-vars", action="append", default=[], help="extra vars: @job.yml, k=v or JSON")
+    p.add_argument("-e", "--extra-vars", action="append", default=[],
+                   help="extra vars: @file, k=v or JSON (a job spec is accepted, not needed)")
     p.add_argument("--confirm", action="append", default=[], metavar="INSTANCE_ID",
-                   help="confirm the teardown of this instance (repeatable, one per host); without it an "
+                   help="confirm the teardown of this instance (repeatable, one per instance); without it an "
                         "interactive terminal asks you to type the id, anything else is refused")
     p.add_argument("--runs-dir", help="the runs root with the verified pulls (default $RGT_RUNS_DIR or ./runs)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -39,65 +46,182 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plan(host) -> dict:
-    """What the verb does to this host, from its profile: shown at the prompt and returned in --json."""
-    meter = host.profile.get("meter_stop") or {}
-    reversible = bool(meter.get("reversible"))
-    kind = "stop" if reversible else "terminate"
-    deletes = [m["path"] for m in host.profile.get("mounts") or [] if kind not in (m.get("survives") or [])]
-    return {"host": host.name, "instance_id": host.instance_id, "profile": host.profile.get("name"),
+def manifest_lib():
+    """rgt_manifest, the same file the modules use: compare, validate_manifest, describe_problems for the gate."""
+    return paths.module_util("rgt_manifest")
+
+
+@dataclass
+class Instance:
+    """One box: the hosts of this run that carry its id, and every inventory host that does."""
+
+    instance_id: str
+    hosts: list  # rgt.inventory.Host, in this run (after --limit)
+    inventory_hosts: list[str]
+
+    @property
+    def profile(self) -> dict:
+        return self.hosts[0].profile
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+
+def instances_of(hosts: list, inventory: str, limit: str | None) -> list[Instance]:
+    """Group hosts by instance id (the inventory loader already refused undeclared duplicates)."""
+    by_id: dict[str, list] = {}
+    for host in hosts:
+        by_id.setdefault(host.instance_id, []).append(host)
+    everyone = {h.name: h.instance_id for h in hosts}
+    if limit:  # a manifest may name a host of the same instance that --limit left out
+        from rgt.inventory import read_inventory
+
+        everyone.update({name: hv.get("rgt_instance_id") for name, hv in read_inventory(inventory).items()})
+    return [Instance(iid, sorted(group, key=lambda h: h.name),
+                     sorted(name for name, other in everyone.items() if other == iid))
+            for iid, group in by_id.items()]
+
+
+def verb_plan(inst: Instance) -> dict:
+    """What the verb does to this instance, from its profile: shown before the prompt and returned in --json."""
+    profile = inst.profile
+    meter = profile.get("meter_stop") or {}
+    api = meter.get("api") or {}
+    key_env = api.get("key_env")
+    key_set = bool(key_env and os.environ.get(key_env))
+    console = _gate.console_instead(meter, key_set)
+    return {"instance_id": inst.instance_id, "hosts": inst.names, "profile": profile.get("name"),
             "verb": meter.get("verb") or "manual", "label": meter.get("label") or meter.get("verb"),
-            "reversible": reversible, "deletes": deletes, "keeps_billing": list(meter.get("keeps_billing") or []),
-            "api": bool((meter.get("api") or {}).get("client")),
-            "key_env": (meter.get("api") or {}).get("key_env")}
+            "reversible": bool(meter.get("reversible")), "deletes": _gate.deleted_mounts(profile),
+            "keeps_billing": list(meter.get("keeps_billing") or []), "api": bool(api.get("client")),
+            "key_env": key_env, "key_set": key_set if key_env else None, "console_steps": console,
+            "manual_steps": list(meter.get("manual_steps") or []) if (console or not api.get("client")) else [],
+            "clocks": _gate.clocks_started(profile)}
+
+
+def assess(inst: Instance, look, runs: Path, lib) -> dict:
+    """The plan of one instance: the verb, and the gate over the listings the read-only play brought back."""
+    item = verb_plan(inst)
+    item.update(status=None, gate=None, reasons=[])
+    outcomes = {name: look.hosts.get(name) for name in inst.names}
+    reports = {name: (o.results.get("teardown_box_report") if o else None) for name, o in outcomes.items()}
+    if any(o is not None and o.host_key_mismatch for o in outcomes.values()):
+        item.update(status="refused", reasons=["the host key does not match its pin: check it with rgt-run pin "
+                                               "(never retried)"])
+        return item
+    if reports and all(isinstance(r, dict) and r.get("already_gone") for r in reports.values()):
+        record = next(iter(reports.values())).get("record") or {}
+        item.update(status="already gone", final_state=record.get("final_state"))
+        return item
+    listed = {n: r for n, r in reports.items() if isinstance(r, dict) and isinstance(r.get("box"), dict)}
+    unlisted = sorted(set(inst.names) - set(listed))
+    if unlisted and not listed:
+        bad = [outcomes[n] for n in unlisted]
+        status = "unreachable" if all(o is None or o.unreachable for o in bad) else "failed"
+        first = next((m for o in bad if o for m in o.messages if m), "the listing play returned nothing")
+        item.update(status=status, reasons=[f"could not list the runs on the box: {first.splitlines()[0]}"])
+        return item
+    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, [r["box"] for r in listed.values()], str(runs),
+                          inst.profile, lib, unlisted=unlisted)
+    item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
+    return item
+
+
+# ---------------------------------------------------------------- what the person reads
+
+def _size(n) -> str:
+    if not isinstance(n, int):
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _pull_text(row: dict) -> str:
+    if row.get("pull") == "verified":
+        return f"verified ({row.get('files')} files, {_size(row.get('bytes'))})"
+    return str(row.get("pull") or "-")
 
 
 def render_plan(console: Console, item: dict) -> None:
-    lines = []
+    iid = escape(item["instance_id"])
+    hosts = ", ".join(item["hosts"])
+    console.print(f"\n[bold]teardown {iid}[/bold] ({escape(str(item['profile']))}; host {escape(hosts)})")
+    label = escape(str(item["label"]))
     if item["reversible"]:
-        lines.append(f"[yellow]{item['label']}[/yellow] ({item['verb']}) of [bold]{item['instance_id']}[/bold]: "
-                     "reversible; it can be started again.")
+        console.print(f"  [yellow]{label}[/yellow] ({item['verb']}) of {iid}: reversible; it can be started again.")
     else:
-        lines.append(f"[bold red]{item['label']} ({item['verb']}) of {item['instance_id']}: IRREVERSIBLE.[/bold red] "
-                     "The instance and every disk listed below are destroyed for good; nothing can bring them back.")
+        console.print(f"  [bold red]{label} ({item['verb']}) of {iid}: IRREVERSIBLE.[/bold red] The instance and "
+                      "every disk listed below are destroyed for good; nothing can bring them back.")
     if item["deletes"]:
-        lines.append("deletes: " + ", ".join(item["deletes"]))
+        console.print("  deletes: " + escape(", ".join(item["deletes"])))
     for line in item["keeps_billing"]:
-        lines.append(f"[yellow]keeps billing:[/yellow] {line}")
-    if not item["api"]:
-        lines.append("rgt calls nothing for this verb: it shows the steps to take in the console.")
-    console.print(Panel("\n".join(lines), title=f"teardown {item['host']} ({item['profile']})", expand=False))
+        console.print(f"  [yellow]keeps billing:[/yellow] {escape(line)}")
+    for line in item["clocks"]:
+        console.print(f"  [red]clock after {label}:[/red] {escape(line)}")
+    if item["console_steps"]:
+        console.print(f"  {item['key_env']} is not set: rgt calls nothing; after you confirm, do this in the console:")
+    elif not item["api"] and item["manual_steps"]:
+        console.print("  rgt calls nothing for this verb: do this in the console after you confirm:")
+    for i, step in enumerate(item["manual_steps"] if item["console_steps"] or not item["api"] else [], 1):
+        console.print(f"    {i}. {escape(step)}")
+    if item["api"] and not item["console_steps"] and item["key_set"] is False:
+        console.print(f"  [red]{item['key_env']} is not set[/red]: the call will fail; export it in this shell")
+    status = item["status"]
+    if status == "already gone":
+        console.print(f"  [green]already gone[/green] (ledger: {escape(str(item.get('final_state')))}): nothing "
+                      "to do, nothing will be called")
+        return
+    gate = item.get("gate")
+    if gate is not None:
+        roots = ", ".join(str(r) for r in gate["roots"]) or "?"
+        console.print(f"  runs on the box (under {escape(roots)}): {len(gate['runs'])}")
+        for row in gate["runs"]:
+            name = escape(f"{row['project']}/{row['run_id']}")
+            attempt = f"attempt {row['attempt']}" if row.get("attempt") else ""
+            mark = "  [red]blocks[/red]" if row["blocks"] else ""
+            console.print(f"    {name:<28} {row['state']:<10} {attempt:<10} {escape(_pull_text(row))}{mark}")
+        for row in gate["runs"]:
+            if row.get("note"):
+                console.print(f"    [dim]note:[/dim] {escape(row['note'])}")
+        for other in gate["others"]:
+            console.print(f"    [dim]note:[/dim] {escape(other['note'])}")
+        for note in gate["notes"]:
+            console.print(f"    {escape(note)}")
+    if status == "ready":
+        console.print("  gate: [green]passed[/green] (every finished or sealed run is pulled and verified; none is "
+                      "live)")
+    else:
+        word = {"refused": "[red]REFUSED[/red]", "unreachable": "[magenta]UNREACHABLE[/magenta]",
+                "failed": "[red]FAILED[/red]"}.get(status, status)
+        console.print(f"  gate: {word}, nothing was called:")
+        for reason in item["reasons"]:
+            console.print(f"    - {escape(reason)}")
 
 
-def confirmations(console: Console, hosts: list, given: list[str], interactive: bool) -> tuple[dict, dict]:
-    """({host: instance_id} confirmed, {host: reason} refused)."""
-    confirmed: dict[str, str] = {}
+def confirmations(console: Console, items: list[dict], given: list[str], interactive: bool) -> tuple[dict, dict]:
+    """({instance_id: True} confirmed, {instance_id: reason} refused), one answer per instance."""
+    confirmed: dict[str, bool] = {}
     refused: dict[str, str] = {}
-    for host in hosts:
-        item = plan(host)
-        if host.instance_id in given:
-            confirmed[host.name] = host.instance_id
-            continue
-        if interactive and not given:
-            render_plan(console, item)
-            typed = console.input(f"Type the instance id [bold]{host.instance_id}[/bold] to {item['verb']} it "
+    for item in items:
+        iid = item["instance_id"]
+        if iid in given:
+            confirmed[iid] = True
+        elif interactive and not given:
+            typed = console.input(f"Type the instance id [bold]{escape(iid)}[/bold] to {item['verb']} it "
                                   "(anything else cancels): ").strip()
-            if typed == host.instance_id:
-                confirmed[host.name] = host.instance_id
+            if typed == iid:
+                confirmed[iid] = True
             else:
-                refused[host.name] = f"you typed {typed!r}, not {host.instance_id!r}: nothing was called"
-            continue
-        if given:
-            refused[host.name] = (f"--confirm {', '.join(given)} does not name this host's instance "
-                                  f"{host.instance_id!r}: nothing was called")
+                refused[iid] = f"you typed {typed!r}, not {iid!r}: nothing was called"
+        elif given:
+            refused[iid] = f"--confirm {', '.join(given)} does not name the instance {iid!r}: nothing was called"
         else:
-            refused[host.name] = (f"no confirmation for {host.instance_id!r} and no terminal to ask on: pass "
-                                  f"--confirm {host.instance_id}")
+            refused[iid] = f"no confirmation for {iid!r} and no terminal to ask on: pass --confirm {iid}"
     return confirmed, refused
-
-
-def runs_dir(explicit: str | None) -> Path:
-    return Path(explicit or os.environ.get("RGT_RUNS_DIR") or "runs").expanduser().resolve()
 
 
 def main_teardown(argv: list[str] | None = None) -> int:
@@ -106,79 +230,169 @@ def main_teardown(argv: list[str] | None = None) -> int:
     return main(["teardown", *(sys.argv[1:] if argv is None else argv)])
 
 
+def _look_code(items: list[dict]) -> int:
+    statuses = {i["status"] for i in items}
+    if "refused" in statuses:
+        return errors.REFUSED
+    if "failed" in statuses:
+        return errors.FAILED
+    if "unreachable" in statuses:
+        return errors.UNREACHABLE
+    return errors.OK
+
+
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
-    from rgt.cli import emit, prepare
+    from rgt.cli import prepare
     from rgt.phases import run_playbook
 
     ns = argparse.Namespace(playbook="teardown", extra_vars=args.extra_vars, inventory=args.inventory,
                             limit=args.limit)
     playbook, hosts, extravars = prepare(ns, pins=True)
     ledger = ledger_dir(args.ledger)
+    runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
+    instances = instances_of(hosts, args.inventory, args.limit)
+    doc: dict = {"command": "teardown", "ledger": str(ledger), "runs_dir": str(runs), "instances": {}, "hosts": {}}
+
+    # 1. look at every box, read-only: the listing play ends before the gate and the verb (and runs in check mode)
+    console.print(f"[bold]rgt[/bold] teardown: looking at {len(instances)} box(es) before asking anything "
+                  "(read-only): " + ", ".join(f"{escape(i.instance_id)} ({', '.join(i.names)})" for i in instances))
+    look = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
+                        extravars={**extravars, "rgt_runs_dir": str(runs), "teardown_plan_only": True},
+                        limit=",".join(h.name for h in hosts), check=True, quiet=not args.verbose,
+                        verbosity=args.verbose)
+    lib = manifest_lib()
+    items = [assess(inst, look, runs, lib) for inst in instances]
+    for item in items:
+        render_plan(console, item)
+        doc["instances"][item["instance_id"]] = item
+    by_id = {i.instance_id: i for i in instances}
+
+    def host_entries(item: dict, **fields) -> None:
+        verb = {k: item[k] for k in ("profile", "verb", "label", "reversible", "deletes", "keeps_billing")}
+        for name in item["hosts"]:
+            doc["hosts"][name] = {"instance_id": item["instance_id"], "refused": False, "final_state": None,
+                                  **verb, **fields}
+
+    code = _look_code(items)
+    if code != errors.OK:  # the gate refused (or could not look): nothing is asked, nothing is called
+        for item in items:
+            blocked = item["status"] in ("refused", "unreachable", "failed")
+            host_entries(item, refused=item["status"] == "refused", reasons=item["reasons"],
+                         status=item["status"] if blocked else "not run (another box was refused)")
+        return _finish(console, doc, code, args)
+
+    for item in items:
+        if item["status"] == "already gone":
+            host_entries(item, final_state=item.get("final_state"), status="already gone")
+    todo = [i for i in items if i["status"] == "ready"]
     interactive = sys.stdin.isatty() and not args.json
-    confirmed, refused = confirmations(console, hosts, args.confirm, interactive)
-    doc: dict = {"command": "teardown", "hosts": {}, "ledger": str(ledger)}
-    for name, reason in refused.items():
-        console.print(f"[bold]{name}[/bold]: [red]REFUSED[/red] {reason}")
-        doc["hosts"][name] = {"refused": True, "reason": reason, "final_state": None}
+    confirmed, refused = confirmations(console, todo, args.confirm, interactive)
+    for iid, reason in refused.items():
+        console.print(f"[bold]{escape(iid)}[/bold]: [red]REFUSED[/red] {escape(reason)}")
+        doc["instances"][iid].update(refused=True, reason=reason)
+        host_entries(doc["instances"][iid], refused=True, reason=reason, status="refused")
     code = errors.REFUSED if refused else errors.OK
-    run_hosts = [h for h in hosts if h.name in confirmed]
+    run_hosts = [h for iid in confirmed for h in by_id[iid].hosts]
     if run_hosts:
-        evars = {**extravars, "rgt_teardown_confirms": confirmed,
-                 "rgt_runs_dir": str(runs_dir(args.runs_dir or extravars.get("rgt_runs_dir")))}
-        console.print(f"[bold]rgt[/bold] teardown on {len(run_hosts)} host(s): "
-                      + ", ".join(f"{h.name} ({h.vars['rgt_profile']}, {h.instance_id})" for h in run_hosts))
+        evars = {**extravars, "rgt_runs_dir": str(runs),
+                 "rgt_teardown_confirms": {h.name: h.instance_id for h in run_hosts}}
+        console.print(f"\n[bold]rgt[/bold] teardown of {len(confirmed)} instance(s): "
+                      + ", ".join(escape(iid) for iid in confirmed))
         result = run_playbook(playbook, args.inventory, run_hosts, ledger=ledger, console=console, extravars=evars,
                               limit=",".join(h.name for h in run_hosts), verbosity=args.verbose)
         console.print()
-        for host in run_hosts:
-            out = result.hosts.get(host.name)
-            record = read_json(ledger / "teardown" / f"{host.name}.json") or {}
-            entry = {"refused": bool(out and out.gate_refused), "final_state": None,
-                     "messages": out.messages if out else ["not run"], **plan(host)}
-            if out and not out.failed and not out.unreachable:
-                entry.update(final_state=record.get("final_state"), calls=record.get("calls"),
-                             keeps_billing=record.get("keeps_billing") or entry["keeps_billing"])
-            elif record and out and out.failed and not out.gate_refused:
-                entry.update(final_state=record.get("final_state"), calls=record.get("calls"))
-            doc["hosts"][host.name] = entry
-            _print_host(console, host, entry, out)
-        code = errors.REFUSED if (refused or result.exit_code == errors.REFUSED) else result.exit_code
+        for iid in confirmed:
+            outcome = _outcome(by_id[iid], result, ledger)
+            doc["instances"][iid]["outcome"] = outcome
+            host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
+                         status=outcome["status"], messages=outcome["messages"])
+            _print_outcome(console, doc["instances"][iid], outcome)
+        run_code = result.exit_code
+        code = errors.REFUSED if (refused or run_code == errors.REFUSED) else run_code
+    return _finish(console, doc, code, args)
+
+
+def _outcome(inst: Instance, result, ledger: Path) -> dict:
+    """What happened to one instance: the host that ran its teardown, its ledger record and report."""
+    outs = {name: result.hosts.get(name) for name in inst.names}
+    ran = next((n for n, o in outs.items() if o and (o.results.get("teardown_outcome_report") or o.failed)), None)
+    ran = ran or inst.names[0]
+    out = outs.get(ran)
+    report = (out.results.get("teardown_outcome_report") if out else None) or {}
+    record = read_json(ledger / "teardown" / f"{ran}.json") or {}
+    outcome = {"host": ran, "refused": bool(out and out.gate_refused), "final_state": None, "calls": [],
+               "messages": [m for o in outs.values() if o for m in o.messages], "report": report}
+    if out is None:
+        outcome["status"] = "not run"
+    elif out.gate_refused:
+        outcome["status"] = "refused"
+    elif out.unreachable:
+        outcome["status"] = "unreachable"
+    elif out.failed:
+        outcome.update(status="failed", final_state=record.get("final_state"), calls=record.get("calls") or [])
+    else:
+        outcome.update(status="done", final_state=record.get("final_state") or report.get("final_state"),
+                       calls=record.get("calls") or report.get("calls") or [],
+                       keeps_billing=record.get("keeps_billing") or report.get("keeps_billing"))
+    return outcome
+
+
+def _print_outcome(console: Console, item: dict, outcome: dict) -> None:
+    status = outcome["status"]
+    if status == "refused":
+        state = "[red]REFUSED[/red] (nothing was called)"
+    elif status == "unreachable":
+        state = "[magenta]UNREACHABLE[/magenta]: the gate could not look at the box again; nothing was called"
+    elif status == "failed":
+        state = f"[red]FAILED[/red] final state: {escape(str(outcome.get('final_state') or 'not stopped'))}"
+    elif status == "not run":
+        state = "[dim]not run[/dim]"
+    else:
+        state = f"[green]{escape(str(outcome.get('final_state')))}[/green]"
+    console.print(f"[bold]{escape(item['instance_id'])}[/bold] ({item['profile']}; "
+                  f"{escape(', '.join(item['hosts']))}): {state}")
+    for msg in outcome["messages"][:3]:
+        console.print(f"  {escape(msg.splitlines()[0] if msg else '')}")
+    if status != "done":
+        return
+    report = outcome["report"]
+    for warning in report.get("warnings") or []:
+        console.print(f"  [yellow]warning:[/yellow] {escape(str(warning))}")
+    if str(outcome.get("final_state") or "").startswith("manual"):
+        console.print("  do this in the console (rgt called nothing):")
+        for i, step in enumerate(report.get("manual_steps") or item["manual_steps"], 1):
+            console.print(f"    {i}. {escape(step)}")
+    for line in outcome.get("keeps_billing") or item["keeps_billing"]:
+        console.print(f"  [yellow]still billing:[/yellow] {escape(line)}")
+    for line in report.get("clocks") or item["clocks"]:
+        console.print(f"  [red]clock now running:[/red] {escape(line)}")
+
+
+def _finish(console: Console, doc: dict, code: int, args: argparse.Namespace) -> int:
+    from rgt.cli import emit
+
     doc["exit_code"] = code
     doc["next"] = _next_step(doc, args.inventory)
     if doc["next"]:
-        console.print(f"\nnext: {doc['next']}")
-    console.print(f"exit {code} · ledger {ledger}")
+        console.print(f"\nnext: {escape(doc['next'])}")
+    console.print(f"exit {code} · ledger {escape(doc['ledger'])}")
     emit(doc, args.json)
     return code
 
 
-def _print_host(console: Console, host, entry: dict, out) -> None:
-    if out is None:
-        state = "[dim]not run[/dim]"
-    elif entry["refused"]:
-        state = "[red]REFUSED[/red] (nothing was called)"
-    elif out.unreachable:
-        state = "[magenta]UNREACHABLE[/magenta]: the gate could not read the manifest on the box; nothing was called"
-    elif out.failed:
-        state = f"[red]FAILED[/red] final state: {entry.get('final_state') or 'not stopped'}"
-    else:
-        state = f"[green]{entry.get('final_state')}[/green]"
-    console.print(f"[bold]{host.name}[/bold] ({host.vars['rgt_profile']}, {host.instance_id}): {state}")
-    for msg in (out.messages if out else [])[:3]:
-        console.print(f"  {msg.splitlines()[0] if msg else ''}")
-    if out and not out.failed:
-        for line in entry.get("keeps_billing") or []:
-            console.print(f"  [yellow]still billing:[/yellow] {line}")
-
-
 def _next_step(doc: dict, inventory: str) -> str:
-    states = [h for h in doc["hosts"].values()]
-    if any(h.get("refused") for h in states):
-        return (f"rgt-run pull -i {inventory} (re-pull and re-verify), then rgt-run teardown -i {inventory} "
-                "--confirm <instance-id>")
-    if any(h.get("final_state") and "unknown" in str(h["final_state"]) for h in states):
+    items = list(doc["instances"].values())
+    if any(i.get("status") == "refused" for i in items):
+        return (f"wait for live runs to end (rgt-run watch -i {inventory}), rgt-run pull -i {inventory} (seal, pull "
+                f"and verify every finished run), then rgt-run teardown -i {inventory}")
+    if any(i.get("status") in ("unreachable", "failed") for i in items):
+        return f"check the connection (rgt-run status -i {inventory}), then run the teardown again"
+    if any(i.get("refused") for i in items):
+        return f"rgt-run teardown -i {inventory} --confirm <instance-id>"
+    states = [str((i.get("outcome") or {}).get("final_state") or i.get("final_state") or "") for i in items]
+    if any("unknown" in s for s in states):
         return "check the platform console: the instance was not reported gone in time (rgt will not call again)"
-    if states and all(h.get("final_state") for h in states):
+    if items and all(states):
         return ("done: whatever still bills is listed above (storage, volumes, IPs); delete it yourself when you no "
                 "longer need it")
     return ""

@@ -224,6 +224,17 @@ def _semantic_errors(data: dict, source: str, expected_name: str | None) -> list
                 source,
             )
         )
+    clocks = data.get("danger_clocks") or []
+    for i, clock in enumerate(ms.get("starts_clocks") or []):
+        if clock not in clocks:
+            errors.append(
+                ProfileError(
+                    f"meter_stop.starts_clocks[{i}]",
+                    f"{clock!r} is not one of danger_clocks",
+                    "list the clock in danger_clocks too, word for word (a YAML anchor writes it once)",
+                    source,
+                )
+            )
     seen = {}
     for i, mount in enumerate(data.get("mounts", [])):
         path = mount.get("path")

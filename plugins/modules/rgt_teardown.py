@@ -10,19 +10,25 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: rgt_teardown
-short_description: Stop the meter of a rented GPU instance, behind the teardown gate (controller side)
+short_description: Stop the meter of a rented GPU instance, behind the box-wide teardown gate (controller side)
 version_added: "0.1.0"
 description:
-  - Runs on the controller (C(delegate_to) localhost). First the teardown gate, entirely local and with zero
-    control-plane calls; a refusal fails with C(rc_hint=3) and a message naming what is wrong.
-  - "Gate: I(confirm) equals I(instance_id); C(<runs_dir>/<run_id>/<host>.PULL_VERIFIED.json) exists, names this
-    run, and its C(manifest_sha256) equals the SHA-256 of the manifest now on the box (I(box_manifest_sha256),
-    which must also be the hash of I(box_manifest_content)); and a fresh re-verification of
-    C(<runs_dir>/<run_id>/<host>/) against that manifest (file set, sizes, SHA-256) passes."
+  - Runs on the controller (C(delegate_to) localhost), once per instance (hosts that share one instance id are one
+    teardown). First the teardown gate, entirely local and with zero control-plane calls; a refusal fails with
+    C(rc_hint=3) and a message naming every run that blocks it and why.
+  - "Gate (C(rgt_gate), the same code the runner's plan uses): I(confirm) equals I(instance_id); no run on the
+    box is live; every finished run, and every run with a sealed export or a manifest, has a verified pull:
+    C(<runs_dir>/<run_id>/<host>.PULL_VERIFIED.json) (host = the manifest's C(host), one of I(instance_hosts))
+    binds that run, this instance and the SHA-256 of the manifest now on the box, and a fresh re-verification of
+    C(<runs_dir>/<run_id>/<host>/) (file set, sizes, SHA-256) passes; a manifest written on another instance
+    refuses. Failed, preempted, killed, dead and never-started runs do not refuse; the gate lists them with what
+    the verb does to their files. A box with no runs passes."
   - Then the profile's meter-stop verb. API verbs (RunPod, vast.ai, Lambda, Paperspace, AutoDL) look at the
     instance first (already gone, no call), call the meter-stop once, re-query instead of calling again after a
     timeout or 409, and poll until the platform reports it gone (or stopped, for a reversible verb), bounded by
-    I(poll_timeout_s); a poll that runs out fails with the state C(unknown — check the console).
+    I(poll_timeout_s); a poll that runs out fails with the state C(unknown — check the console). A reversible
+    stop whose API key is not set (AutoDL 关机 without C(AUTODL_TOKEN)) calls nothing and returns the console
+    steps.
   - C(manual) prints the profile's steps and calls nothing; C(none) has nothing to stop; C(scancel) returns the
     command for the role to run on the login node; C(delete_job) runs C(kubectl delete job) when kubectl exists
     on the controller (the PVC is kept), else prints it.
@@ -46,25 +52,30 @@ options:
     type: str
     default: ""
   host:
-    description: The inventory host name (names the pulled directory, the markers and the ledger record).
+    description: The inventory host that runs the teardown of this instance (named in messages).
     type: str
     required: true
-  run_id:
-    description: The run whose pull must be verified.
-    type: str
+  instance_hosts:
+    description: Every inventory host that carries I(instance_id) (a manifest's C(host) must be one of them);
+      empty means I(host) alone.
+    type: list
+    elements: str
+    default: []
+  box_runs:
+    description: The C(box) documents of C(rgt.remote_gpu.rgt_box_runs), one per host of this instance that listed
+      the box (hosts sharing the instance list the same box; each run is judged once).
+    type: list
+    elements: dict
     required: true
+  unlisted_hosts:
+    description: Hosts of this instance in the play that could not list the box; each refuses the gate.
+    type: list
+    elements: str
+    default: []
   runs_dir:
     description: The controller's runs root (C(runs/<run_id>/<host>/) and its markers).
     type: path
     required: true
-  box_manifest_sha256:
-    description: SHA-256 of C(export/<run_id>.manifest.json) on the box, now; empty when the file is absent.
-    type: str
-    default: ""
-  box_manifest_content:
-    description: The same file's content, base64 (as C(ansible.builtin.slurp) returns it).
-    type: str
-    default: ""
   base_url:
     description: Override of the control plane's base URL (default from C(meter_stop.api.base_url_env), else
       the profile's C(base_url)).
@@ -94,16 +105,20 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Stop the meter (gated)
+- name: List every run on the box
+  rgt.remote_gpu.rgt_box_runs:
+    durable_root: "{{ teardown_durable_root }}"
+    mounts: "{{ teardown_profile.mounts }}"
+  register: teardown_box
+
+- name: Stop the meter (gated on every run of the box)
   rgt.remote_gpu.rgt_teardown:
     profile: "{{ teardown_profile }}"
     instance_id: "{{ teardown_instance_id }}"
     confirm: "{{ teardown_confirm }}"
     host: "{{ inventory_hostname }}"
-    run_id: "{{ teardown_run_id }}"
+    box_runs: ["{{ teardown_box.box }}"]
     runs_dir: "{{ teardown_runs_dir }}"
-    box_manifest_sha256: "{{ teardown_box_manifest.stat.checksum | default('') }}"
-    box_manifest_content: "{{ teardown_box_manifest_raw.content | default('') }}"
     ledger_path: "{{ teardown_ledger_dir }}/{{ inventory_hostname }}.json"
   delegate_to: localhost
 """
@@ -134,8 +149,18 @@ keeps_billing:
     billing (Paperspace lists).
   returned: success
   type: list
+clocks:
+  description: Danger clocks that start once the verb has run (profile C(meter_stop.starts_clocks)), e.g. the
+    release of a powered-off AutoDL box after 15 days.
+  returned: always
+  type: list
+manual_steps:
+  description: The profile's console steps (printed when nothing was called).
+  returned: always
+  type: list
 gate:
-  description: The gate's evidence (manifest hash, files and bytes re-verified) or its refusal reasons.
+  description: "The gate's verdict: C(passed), C(reasons) (each names a run and its state), C(runs) (every run
+    on the box with its state and pull state), C(others) (directories that are not rgt runs), C(notes)."
   returned: always
   type: dict
 remote_command:
@@ -148,9 +173,7 @@ rc_hint:
   type: int
 """
 
-import base64
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -159,90 +182,16 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import (
-    compare,
-    describe_problems,
-    validate_manifest,
-)
-
-PULL_VERIFIED_SCHEMA = "rgt/pull-verified/v1"
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_gate, rgt_manifest
 
 
 def check_gate(p):
-    """(reasons, evidence). Local reads only: no control-plane call is made here."""
-    reasons = []
-    evidence = {}
-    iid = p["instance_id"] or ""
-    if not iid:
-        reasons.append("the host has no rgt_instance_id")
-    if (p["confirm"] or "") != iid:
-        if p["confirm"]:
-            reasons.append("the confirmation %r does not name this instance %r" % (p["confirm"], iid))
-        else:
-            reasons.append("no confirmation: type the instance id %r at the prompt or pass --confirm %s"
-                           % (iid, iid))
-        return reasons, evidence  # nothing else is read before the user named the instance
-    run_dir = os.path.join(p["runs_dir"], p["run_id"])
-    marker = os.path.join(run_dir, p["host"] + ".PULL_VERIFIED.json")
-    pulled = os.path.join(run_dir, p["host"])
-    box_sha = (p["box_manifest_sha256"] or "").lower()
-    evidence.update(marker=marker, pulled=pulled, box_manifest_sha256=box_sha)
-    if not box_sha:
-        reasons.append("no manifest on the box for run %s (export/%s.manifest.json): run collect first"
-                       % (p["run_id"], p["run_id"]))
-        return reasons, evidence
-    try:
-        with open(marker, "rb") as handle:
-            verified = json.loads(handle.read().decode("utf-8"))
-    except (IOError, OSError):
-        reasons.append("%s does not exist: the pull was not verified (run collect)" % marker)
-        return reasons, evidence
-    except ValueError:
-        reasons.append("%s is not valid JSON: re-run collect" % marker)
-        return reasons, evidence
-    if not isinstance(verified, dict) or verified.get("schema") != PULL_VERIFIED_SCHEMA:
-        reasons.append("%s is not a %s document" % (marker, PULL_VERIFIED_SCHEMA))
-        return reasons, evidence
-    if verified.get("run_id") != p["run_id"]:
-        reasons.append("%s is for run %r, not %r" % (marker, verified.get("run_id"), p["run_id"]))
-    if verified.get("instance_id") not in (None, "", iid):
-        reasons.append("%s was written for instance %r, not %r" % (marker, verified.get("instance_id"), iid))
-    if str(verified.get("manifest_sha256") or "").lower() != box_sha:
-        reasons.append("the manifest on the box changed since the pull was verified (box %s…, verified %s…): "
-                       "re-run collect" % (box_sha[:12], str(verified.get("manifest_sha256"))[:12]))
-    try:
-        raw = base64.b64decode(p["box_manifest_content"] or "")
-    except (TypeError, ValueError):
-        raw = b""
-    if hashlib.sha256(raw).hexdigest() != box_sha:
-        reasons.append("the manifest read from the box does not hash to %s… (changed while reading): run again"
-                       % box_sha[:12])
-        return reasons, evidence
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except ValueError:
-        reasons.append("the manifest on the box is not valid JSON")
-        return reasons, evidence
-    problems = validate_manifest(doc, p["run_id"])
-    if problems:
-        reasons.append("the manifest on the box is invalid: %s" % "; ".join(problems[:5]))
-        return reasons, evidence
-    if reasons:
-        return reasons, evidence
-    result = compare(pulled, doc)
-    evidence.update(files=result.get("files"), bytes=result.get("bytes"))
-    if not result.get("ok", not any(result.get(k) for k in ("missing", "unexpected", "size_mismatch",
-                                                                  "sha_mismatch"))):
-        evidence.update({k: result.get(k) for k in ("missing", "unexpected", "size_mismatch", "sha_mismatch")})
-        reasons.append("the local copy %s no longer matches the manifest: %s" % (pulled, describe_problems(result)))
-    return reasons, evidence
-
-
-def deleted_mounts(profile, reversible):
-    """Mounts that do not survive the verb (stop for a reversible verb, terminate otherwise)."""
-    kind = "stop" if reversible else "terminate"
-    return [m.get("path") for m in profile.get("mounts") or [] if kind not in (m.get("survives") or [])]
+    """The gate's verdict (local reads only: no control-plane call is made here)."""
+    problem = rgt_gate.confirmation_problem(p["confirm"], p["instance_id"])
+    if problem:  # nothing on the controller is read before the user named the instance
+        return {"passed": False, "reasons": [problem], "runs": [], "others": [], "notes": []}
+    return rgt_gate.evaluate(p["instance_id"], p["instance_hosts"] or [p["host"]], p["box_runs"], p["runs_dir"],
+                             p["profile"], rgt_manifest, unlisted=p["unlisted_hosts"])
 
 
 def write_record(path, record):
@@ -298,10 +247,10 @@ def main():
             instance_id=dict(type="str", required=True),
             confirm=dict(type="str", default=""),
             host=dict(type="str", required=True),
-            run_id=dict(type="str", required=True),
+            instance_hosts=dict(type="list", elements="str", default=[]),
+            box_runs=dict(type="list", elements="dict", required=True),
+            unlisted_hosts=dict(type="list", elements="str", default=[]),
             runs_dir=dict(type="path", required=True),
-            box_manifest_sha256=dict(type="str", default=""),
-            box_manifest_content=dict(type="str", default=""),
             base_url=dict(type="str"),
             poll_timeout_s=dict(type="float", default=300),
             poll_interval_s=dict(type="float", default=5),
@@ -318,15 +267,15 @@ def main():
     reversible = bool(meter.get("reversible"))
     keeps = list(meter.get("keeps_billing") or [])
     base = dict(instance_id=p["instance_id"], verb=verb, label=meter.get("label") or verb, reversible=reversible,
-                deletes=deleted_mounts(profile, reversible), keeps_billing=keeps,
-                manual_steps=list(meter.get("manual_steps") or []), post_check=meter.get("post_check") or "")
+                deletes=rgt_gate.deleted_mounts(profile), keeps_billing=keeps,
+                manual_steps=list(meter.get("manual_steps") or []), post_check=meter.get("post_check") or "",
+                clocks=rgt_gate.clocks_started(profile))
 
-    reasons, evidence = check_gate(p)
-    if reasons:
+    gate = check_gate(p)
+    if not gate["passed"]:
         module.fail_json(msg="teardown refused for %s (%s %s): %s" % (p["host"], verb, p["instance_id"],
-                                                                      "; ".join(reasons)),
-                         rc_hint=3, gate=dict(passed=False, reasons=reasons, **evidence), changed=False, **base)
-    gate = dict(passed=True, **evidence)
+                                                                      "; ".join(gate["reasons"])),
+                         rc_hint=3, gate=gate, changed=False, **base)
 
     if module.check_mode:
         module.exit_json(changed=True, gate=gate, final_state="not called (check mode): would %s %s"
@@ -344,7 +293,7 @@ def main():
             rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
         except rgt_cloud.CloudError as exc:
             client_error = exc
-    if client_error is not None and client_error.kind == "auth" and reversible and meter.get("manual_steps"):
+    if client_error is not None and client_error.kind == "auth" and rgt_gate.console_instead(meter, False):
         # a reversible stop with no API key (AutoDL's 关机 is a console click for most users): the console steps
         # are the way, not an error; with the key set, rgt makes the call itself
         extra["warnings"] = ["%s; follow the console steps below instead" % client_error.message]

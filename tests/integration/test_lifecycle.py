@@ -34,7 +34,10 @@ def test_whole_lifecycle_from_train_to_confirmed_teardown(stub_fleet, tmp_path):
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "rgt.cli", "lifecycle", "-i", str(inv),
-             "-e", json.dumps({"rgt_job": job, "rgt_project": project, "teardown_poll_interval_s": 1}),
+             # its own durable root: the teardown gate looks at every run under it, and other tests leave
+             # sealed runs of their own in the shared stub's /workspace
+             "-e", json.dumps({"rgt_job": job, "rgt_project": project, "rgt_durable_root": f"/workspace/{project}",
+                               "teardown_poll_interval_s": 1}),
              "--interval", "2", "--runs-dir", str(runs), "--confirm", INSTANCE, "--json"],
             capture_output=True, text=True, env=env, cwd=REPO, timeout=900, stdin=subprocess.DEVNULL)
     finally:

@@ -1,13 +1,16 @@
 """`rgt-run teardown` (python -m rgt.cli teardown) on a podman stub (runpod profile) against a fake RunPod v2.
 
-The box holds a sealed export and its manifest (made by hand, tests/fakes/capsule.py); the controller holds the
-matching pull and PULL_VERIFIED.json. The fake records every request: a refusal must leave it with zero calls.
+The box holds a sealed export and its manifest (made by hand, tests/fakes/capsule.py) under a durable root of its
+own (the stub is shared with other tests, whose runs would rightly block a box-wide gate); the controller holds
+the matching pull and PULL_VERIFIED.json. No job spec is given: the gate judges every run on the box. The fake
+records every request: a refusal must leave it with zero calls.
 """
 
 import base64
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -32,12 +35,12 @@ class Teardown:
     def __init__(self, fleet, tmp_path: Path, fake: RunPodV2):
         self.fake = fake
         self.stub = fleet["stubs"]["rp"]
-        self.project = "td-" + uuid.uuid4().hex[:6]
+        self.root = "/workspace/td-" + uuid.uuid4().hex[:6]
         self.runs = tmp_path / "runs"
         self.ledger = tmp_path / "ledger"
-        self.inv = stub_inventory(fleet, ["rp"], {"name": RUN_ID})
+        self.inv = stub_inventory(fleet, ["rp"])
         raw, files = make_pull(self.runs, RUN_ID, "rp", INSTANCE)
-        export = f"/workspace/{self.project}/export"
+        export = f"{self.root}/proj/export"
         for rel, data in files.items():
             self.put(f"{export}/{RUN_ID}/{rel}", data)
         self.put(f"{export}/{RUN_ID}.manifest.json", raw)
@@ -49,7 +52,7 @@ class Teardown:
     def run(self, *args: str, key: str = TOKEN, entry: str = TEARDOWN, timeout: int = 300, **evars):
         env = {"PATH": str(PY.parent) + ":/usr/bin:/bin", "HOME": str(Path.home()),
                "RUNPOD_API_URL": self.fake.url, "RUNPOD_API_KEY": key, "RGT_LEDGER": str(self.ledger)}
-        extra = json.dumps({"rgt_project": self.project, "teardown_poll_interval_s": 1,
+        extra = json.dumps({"rgt_durable_root": self.root, "teardown_poll_interval_s": 1,
                             "teardown_poll_timeout_s": 60, **evars})
         t0 = time.monotonic()
         # `rgt-run teardown ...` (the cli's subcommand) or `rgt-run <playbook> ...` (the generic path)
@@ -89,7 +92,7 @@ def test_teardown_refuses_without_confirm_when_not_interactive(td):
 def test_teardown_refuses_a_wrong_instance_id(td):
     proc = td.run("--runs-dir", str(td.runs), "--confirm", "pod-someone-else")
     assert proc.returncode == 3, proc.stderr
-    assert "does not name this host's instance" in proc.stderr
+    assert "does not name the instance 'pod-9k2m4x'" in proc.stderr
     assert td.fake.calls() == []
 
 
@@ -107,10 +110,10 @@ def test_teardown_refuses_when_one_byte_differs(td):
 
 
 def test_teardown_refuses_when_the_box_manifest_changed_after_the_pull(td):
-    td.stub.exec(f"echo ' ' >> /workspace/{td.project}/export/{RUN_ID}.manifest.json")
+    td.stub.exec(f"echo ' ' >> {td.root}/proj/export/{RUN_ID}.manifest.json")
     proc = td.run("--runs-dir", str(td.runs), "--confirm", INSTANCE)
     assert proc.returncode == 3, proc.stderr
-    assert "changed since the pull was verified" in proc.stderr
+    assert f"run proj/{RUN_ID} (exported) was pulled, but the manifest on the box changed since" in proc.stderr
     assert td.fake.calls() == []
 
 
@@ -136,13 +139,24 @@ def test_teardown_terminates_once_polls_until_404_and_records_gone(td):
 
 
 def test_teardown_poll_timeout_is_unknown_and_a_rerun_polls_without_calling_again(stub_fleet, tmp_path):
-    with RunPodV2(token=TOKEN, lag_s=12) as fake:
+    # the pod stays listed after the terminate until the rerun has looked at it once (so the rerun must poll, not
+    # call, however long its read-only look at the box took); then it goes
+    with RunPodV2(token=TOKEN, lag_s=3600) as fake:
         fake.add_pod(INSTANCE)
         t = Teardown(stub_fleet, tmp_path, fake)
         proc = t.run("--runs-dir", str(t.runs), "--confirm", INSTANCE, teardown_poll_timeout_s=2)
         assert proc.returncode == 1, proc.stderr
         assert "check the console" in proc.stderr
         assert t.record()["final_state"].startswith("unknown")
+        seen = len(fake.calls())
+
+        def release_after_the_rerun_looked():
+            deadline = time.monotonic() + 300
+            while not any("status" in c for c in fake.calls()[seen:]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            fake.lag_s = 0
+
+        threading.Thread(target=release_after_the_rerun_looked, daemon=True).start()
         again = t.run("--runs-dir", str(t.runs), "--confirm", INSTANCE)
         assert again.returncode == 0, again.stderr
         assert t.record()["final_state"] == "gone"
@@ -158,9 +172,10 @@ def test_teardown_401_exits_1_naming_the_key_variable(td):
 
 
 def test_generic_playbook_path_refuses_without_confirmation(td):
-    proc = td.run("playbooks/teardown.yml", entry="cli")
+    proc = td.run("playbooks/teardown.yml", "--runs-dir", str(td.runs), entry="cli")
     assert proc.returncode == 3, proc.stderr
-    assert "no confirmation" in proc.stderr
+    assert "runs on the box" in proc.stderr  # the same plan as `rgt-run teardown`, the gate passed ...
+    assert "no confirmation" in proc.stderr  # ... and no one confirmed
     assert td.fake.calls() == []
 
 

@@ -1,10 +1,12 @@
 """The teardown role and playbook run alone with ansible-playbook (no runner) on the controller (connection local):
-the role gates itself, the reversible AutoDL 关机 against a fake, manual and `none` verbs call nothing, and
-check mode reports without calling."""
+the role gates itself on every run of the box (a live run of another job refuses even a confirmed teardown), the
+reversible AutoDL 关机 against a fake, manual and `none` verbs call nothing, and check mode reports without
+calling. No job spec is needed: the gate is box-wide."""
 
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,7 @@ class Box:
         inv.write_text(json.dumps({"all": {"hosts": {"box": {
             "ansible_connection": "local", "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
             "rgt_profile": profile, "rgt_instance_id": instance_id, "rgt_durable_root": str(self.durable),
-            "rgt_project": "proj", "rgt_job": {"name": RUN_ID}}}}}))
+            "rgt_project": "proj"}}}}))
         self.inv = inv
 
     def play(self, *args: str, env: dict | None = None, **evars) -> subprocess.CompletedProcess:
@@ -61,6 +63,29 @@ def test_playbook_alone_refuses_without_confirmation(tmp_path):
         assert proc.returncode != 0
         assert "no confirmation" in proc.stdout and "rc_hint" in proc.stdout
         assert fake.calls() == []
+    assert box.record() is None
+
+
+def test_playbook_alone_refuses_a_live_run_on_the_box_even_when_confirmed(tmp_path):
+    box = Box(tmp_path, "runpod", "pod-local-live")
+    meta = box.durable / "other" / "active" / "b" / ".rgt"
+    meta.mkdir(parents=True)
+    (meta / "attempts.jsonl").write_text(json.dumps({"attempt": 1, "started_at": "2026-11-30T00:00:00Z"}) + "\n")
+    hold = ("import fcntl, sys, time\nh = open(sys.argv[1], 'a+')\nfcntl.flock(h.fileno(), fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\ntime.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(meta / "lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with RunPodV2(token="t") as fake:
+            fake.add_pod("pod-local-live")
+            proc = box.play(env={"RUNPOD_API_KEY": "t"}, teardown_base_url=fake.url,
+                            rgt_teardown_confirm="pod-local-live")
+            assert proc.returncode != 0
+            assert "run other/b is running (attempt 1)" in proc.stdout and "rc_hint" in proc.stdout
+            assert fake.calls() == []
+    finally:
+        holder.kill()
+        holder.wait()
     assert box.record() is None
 
 

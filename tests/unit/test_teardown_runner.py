@@ -1,10 +1,13 @@
-"""runner/teardown.py: the plan shown at the prompt, and who gets confirmed (no playbook, no network)."""
+"""runner/teardown.py: the plan shown before the prompt, one teardown per instance, and who gets confirmed (no
+playbook, no network: the box listing is given as the read-only play would bring it back)."""
 
 import io
+from types import SimpleNamespace
 
 from rich.console import Console
 
 from rgt import teardown as td
+from rgt.events import HostOutcome
 from rgt.inventory import Host
 from rgt.profiles import load_profile
 
@@ -14,9 +17,14 @@ def host(name, profile, instance_id):
                 profile=load_profile(profile))
 
 
+def instance(profile, instance_id, *names):
+    hosts = [host(n, profile, instance_id) for n in names or ("h",)]
+    return td.instances_of(hosts, "unused", None)[0]
+
+
 class Typed(Console):
     def __init__(self, answers):
-        super().__init__(file=io.StringIO(), width=120, highlight=False)
+        super().__init__(file=io.StringIO(), width=200, highlight=False)
         self.answers = list(answers)
 
     def input(self, prompt="", **kw):
@@ -24,40 +32,105 @@ class Typed(Console):
         return self.answers.pop(0)
 
 
+def looked(reports: dict, unreachable=()):
+    """What the read-only listing play returns: per host, the teardown_box_report fact (or nothing)."""
+    hosts = {}
+    for name, report in reports.items():
+        out = HostOutcome()
+        if report is not None:
+            out.results["teardown_box_report"] = report
+        hosts[name] = out
+    for name in unreachable:
+        hosts[name] = HostOutcome(unreachable=True, messages=["ssh: connect to host 10.0.0.1 port 22: timed out"])
+    return SimpleNamespace(hosts=hosts)
+
+
+def empty_box(root="/workspace"):
+    return {"durable_root": root, "exists": True, "durable_mount": {"path": "/workspace",
+                                                                     "survives": ["stop", "terminate"]},
+            "runs": [], "not_runs": []}
+
+
 def test_plan_tells_irreversible_terminate_what_it_deletes_and_what_keeps_billing():
-    item = td.plan(host("rp", "runpod", "pod-1"))
+    item = td.verb_plan(instance("runpod", "pod-1"))
     assert item["verb"] == "terminate" and item["reversible"] is False
     assert "/" in item["deletes"] and "/workspace" not in item["deletes"]
     assert any("Network Volume" in line for line in item["keeps_billing"])
+    item.update(status="ready", gate=None, reasons=[])
     console = Typed([])
     td.render_plan(console, item)
     text = console.file.getvalue()
     assert "IRREVERSIBLE" in text and "keeps billing" in text
 
 
-def test_plan_tells_reversible_power_off_apart():
-    item = td.plan(host("adl", "autodl", "adl-1"))
+def test_plan_of_a_reversible_power_off_names_the_clock_it_starts(monkeypatch):
+    monkeypatch.delenv("AUTODL_TOKEN", raising=False)
+    item = td.verb_plan(instance("autodl", "adl-1"))
     assert item["reversible"] is True and item["verb"] == "power_off"
     assert "/root/autodl-fs" not in item["deletes"]
+    assert item["console_steps"] is True and any("关机" in step for step in item["manual_steps"])
+    assert any("released after 15 days" in clock for clock in item["clocks"])
+    item.update(status="ready", gate=None, reasons=[])
     console = Typed([])
     td.render_plan(console, item)
-    assert "reversible" in console.file.getvalue() and "IRREVERSIBLE" not in console.file.getvalue()
+    text = console.file.getvalue()
+    assert "reversible" in text and "IRREVERSIBLE" not in text
+    assert "AUTODL_TOKEN is not set" in text and "released after 15 days" in text and "容器实例" in text
+
+
+def test_with_the_token_set_autodl_plans_the_api_call_not_the_console(monkeypatch):
+    monkeypatch.setenv("AUTODL_TOKEN", "t")
+    item = td.verb_plan(instance("autodl", "adl-1"))
+    assert item["console_steps"] is False and item["manual_steps"] == [] and item["clocks"]
+
+
+def test_hosts_sharing_an_instance_are_one_instance_in_the_plan():
+    hosts = [host("b", "runpod", "pod-1"), host("a", "runpod", "pod-1"), host("c", "vastai", "4242")]
+    groups = td.instances_of(hosts, "unused", None)
+    assert [(g.instance_id, g.names, g.inventory_hosts) for g in groups] == [
+        ("pod-1", ["a", "b"], ["a", "b"]), ("4242", ["c"], ["c"])]
+
+
+def test_an_empty_box_passes_and_says_so(tmp_path):
+    inst = instance("runpod", "pod-1", "a", "b")
+    look = looked({"a": {"already_gone": False, "box": empty_box()}, "b": {"already_gone": False, "box": empty_box()}})
+    item = td.assess(inst, look, tmp_path, td.manifest_lib())
+    assert item["status"] == "ready" and item["gate"]["runs"] == []
+    assert item["gate"]["notes"] == ["no runs on the box (under /workspace): nothing on it waits for a pull"]
+
+
+def test_a_host_of_the_instance_that_could_not_look_refuses_the_instance(tmp_path):
+    inst = instance("runpod", "pod-1", "a", "b")
+    item = td.assess(inst, looked({"a": {"already_gone": False, "box": empty_box()}}, unreachable=["b"]), tmp_path,
+                     td.manifest_lib())
+    assert item["status"] == "refused"
+    assert "host b (instance pod-1) could not list the runs on its box" in item["reasons"][0]
+    alone = td.assess(instance("runpod", "pod-2", "c"), looked({}, unreachable=["c"]), tmp_path, td.manifest_lib())
+    assert alone["status"] == "unreachable" and "timed out" in alone["reasons"][0]
+
+
+def test_an_instance_recorded_gone_is_not_planned_again(tmp_path):
+    report = {"already_gone": True, "record": {"final_state": "gone", "instance_id": "pod-1"}}
+    item = td.assess(instance("runpod", "pod-1"), looked({"h": report}), tmp_path, td.manifest_lib())
+    assert item["status"] == "already gone" and item["gate"] is None
+
+
+def ready(*ids):
+    return [{"instance_id": i, "verb": "terminate"} for i in ids]
 
 
 def test_non_interactive_without_confirm_is_refused():
-    ok, refused = td.confirmations(Typed([]), [host("rp", "runpod", "pod-1")], [], interactive=False)
-    assert ok == {} and "--confirm pod-1" in refused["rp"]
+    ok, refused = td.confirmations(Typed([]), ready("pod-1"), [], interactive=False)
+    assert ok == {} and "--confirm pod-1" in refused["pod-1"]
 
 
-def test_confirm_flags_match_hosts_by_instance_id():
-    hosts = [host("a", "runpod", "pod-a"), host("b", "vastai", "4242")]
-    ok, refused = td.confirmations(Typed([]), hosts, ["pod-a"], interactive=True)
-    assert ok == {"a": "pod-a"} and "does not name" in refused["b"]
+def test_confirm_flags_match_instances_by_id():
+    ok, refused = td.confirmations(Typed([]), ready("pod-a", "4242"), ["pod-a"], interactive=True)
+    assert ok == {"pod-a": True} and "does not name the instance '4242'" in refused["4242"]
 
 
 def test_interactive_typed_id_confirms_and_a_typo_refuses():
-    hosts = [host("a", "runpod", "pod-a"), host("b", "runpod", "pod-b")]
     console = Typed(["pod-a", "pod-bb"])
-    ok, refused = td.confirmations(console, hosts, [], interactive=True)
-    assert ok == {"a": "pod-a"} and "pod-bb" in refused["b"]
-    assert "Type the instance id" in console.file.getvalue()
+    ok, refused = td.confirmations(console, ready("pod-a", "pod-b"), [], interactive=True)
+    assert ok == {"pod-a": True} and "pod-bb" in refused["pod-b"]
+    assert console.file.getvalue().count("Type the instance id") == 2
