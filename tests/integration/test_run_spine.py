@@ -142,7 +142,7 @@ def test_nan_is_reported_with_its_step_exit_5_and_never_relaunched(rgt, stub_fle
 
 
 def test_launch_twice_one_process_and_code_change_makes_a_new_dir(rgt, stub_fleet, rp, tmp_path):
-    spec = job("twice", steps=400, sleep=0.1)
+    spec = job("twice", steps=4000, sleep=0.1)  # live through two train.yml runs on a loaded machine
     inv = stub_inventory(stub_fleet, ["rp"])
     assert train(rgt, inv, spec).rc == 0
     first_code = json.loads(box(rp, f"cat {RUNS}/twice/.rgt/job.json"))["code_dir"]

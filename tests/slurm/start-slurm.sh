@@ -77,9 +77,9 @@ MinJobAge=3600
 KillWait=5
 InactiveLimit=0
 Waittime=0
-MessageTimeout=10
-SlurmctldTimeout=30
-SlurmdTimeout=30
+MessageTimeout=30
+SlurmctldTimeout=120
+SlurmdTimeout=300
 NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6818 CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
