@@ -9,7 +9,9 @@ Needs root (apt-get, /etc/slurm/slurm.conf, munged). Run: pytest -m slurm tests/
 import json
 import os
 import shutil
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +22,6 @@ from tests.fakes.capsule import make_pull
 REPO = Path(__file__).resolve().parents[2]
 PY = REPO / ".venv" / "bin" / "python"
 SLURM = REPO / "tests" / "slurm"
-STATE = os.environ.get("RGT_SLURM_STATE", "/tmp/rgt-slurm")
 RUN_ID = "slurm-run"
 HOST = "localhost"
 
@@ -29,29 +30,49 @@ pytestmark = [pytest.mark.slurm,
                                  reason="needs .venv with ansible-core")]
 
 
-def _sh(script: str) -> subprocess.CompletedProcess:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sh(script: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SLURM / script)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "RGT_SLURM_STATE": STATE})
+                          env={**os.environ, **env})
 
 
 @pytest.fixture(scope="module")
 def slurm():
-    """A running cluster for this module; stopped at the end. Skips only when it cannot be had at all."""
+    """A running cluster of this module's own (state dir, config, ports: another test run on the same machine
+    has its own and never stops this one); stopped at the end. Skips only when it cannot be had at all.
+    SLURM_CONF points the test's sbatch/squeue and the runner's scancel at it."""
     if os.geteuid() != 0:
-        pytest.skip("needs root: start-slurm.sh installs slurm packages, writes /etc/slurm/slurm.conf, runs munged")
+        pytest.skip("needs root: start-slurm.sh installs slurm packages, runs slurmd and munged")
     have = all(shutil.which(b) for b in ("slurmctld", "slurmd", "scancel", "munged"))
     if not have and not shutil.which("apt-get"):
         pytest.skip("slurm packages are missing and there is no apt-get to install them")
-    t0 = time.monotonic()
-    proc = _sh("start-slurm.sh")
-    if proc.returncode == 3:  # packages missing and apt could not install them (e.g. no network)
-        pytest.skip("cannot install slurm packages: " + proc.stderr.strip())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    print(f"\nslurm start: {time.monotonic() - t0:.2f} s\n{proc.stdout}")
-    yield
-    t0 = time.monotonic()
-    stop = _sh("stop-slurm.sh")
-    print(f"\nslurm stop: {time.monotonic() - t0:.2f} s\n{stop.stdout}{stop.stderr}")
+    state = tempfile.mkdtemp(prefix="rgt-slurm-", dir="/tmp")  # short: slurmd keeps unix sockets under it
+    env = {"RGT_SLURM_STATE": state, "RGT_SLURM_CTLD_PORT": str(_free_port()),
+           "RGT_SLURM_D_PORT": str(_free_port())}
+    old_conf = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = f"{state}/slurm.conf"
+    try:
+        t0 = time.monotonic()
+        proc = _sh("start-slurm.sh", env)
+        if proc.returncode == 3:  # packages missing and apt could not install them (e.g. no network)
+            pytest.skip("cannot install slurm packages: " + proc.stderr.strip())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        print(f"\nslurm start: {time.monotonic() - t0:.2f} s\n{proc.stdout}")
+        yield
+    finally:
+        t0 = time.monotonic()
+        stop = _sh("stop-slurm.sh", env)
+        print(f"\nslurm stop: {time.monotonic() - t0:.2f} s\n{stop.stdout}{stop.stderr}")
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def job_state(job_id: str) -> str:

@@ -3,12 +3,15 @@
 # for tests/integration/test_slurm_teardown.py. Needs root. Idempotent: a second run with the cluster already up
 # (same slurm.conf) only re-checks it; a partial or stale cluster is stopped and started again.
 #
+# The cluster is private to $RGT_SLURM_STATE: its config is $RGT_SLURM_STATE/slurm.conf (callers export
+# SLURM_CONF to it; the CLI tools and the teardown role's `scancel` read it from there), its ports are the two
+# given, its state, logs and pid files live under that dir. Two test runs on one machine (CI runners share a
+# box) each start their own cluster and never stop or scancel the other's; /etc/slurm is not touched.
 # No accounting (accounting_storage/none: sacct does not work, squeue/scontrol do), proctrack/pgid, task/none.
-# The config goes to /etc/slurm/slurm.conf because the CLI tools (sbatch, squeue, scancel, scontrol) read it
-# there: the teardown role's `scancel <job id>` then needs no SLURM_CONF. State, logs and pid files live under
-# $RGT_SLURM_STATE (default /tmp/rgt-slurm). Recipe: shared/reference/slurm-k8s.md §1.
+# Recipe: shared/reference/slurm-k8s.md §1.
 #
-# Knobs: RGT_SLURM_STATE=/tmp/rgt-slurm, RGT_SLURM_CPUS=2, RGT_SLURM_INSTALL=1 (0: never apt-get),
+# Knobs: RGT_SLURM_STATE=/tmp/rgt-slurm (keep it short: slurmd puts unix sockets under it),
+#        RGT_SLURM_CTLD_PORT=6817, RGT_SLURM_D_PORT=6818, RGT_SLURM_CPUS=2, RGT_SLURM_INSTALL=1 (0: never apt-get),
 #        RGT_SLURM_WAIT_S=60 (bound on each wait).
 # Exit: 0 up and idle; 2 not root; 3 packages missing and cannot be installed; 1 a daemon did not come up.
 set -euo pipefail
@@ -16,15 +19,17 @@ set -euo pipefail
 STATE=${RGT_SLURM_STATE:-/tmp/rgt-slurm}
 CPUS=${RGT_SLURM_CPUS:-2}
 WAIT_S=${RGT_SLURM_WAIT_S:-60}
-CONF_DIR=/etc/slurm
-CONF=$CONF_DIR/slurm.conf
+CTLD_PORT=${RGT_SLURM_CTLD_PORT:-6817}
+D_PORT=${RGT_SLURM_D_PORT:-6818}
+CONF=$STATE/slurm.conf
+export SLURM_CONF=$CONF
 NODE=$(hostname -s)
 T0=$(date +%s%N)
 
 say() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf 'start-slurm: %s (+%d.%03ds)\n' "$*" $((ms / 1000)) $((ms % 1000)); }
 die() { echo "start-slurm: $2" >&2; exit "$1"; }
 
-[ "$(id -u)" = 0 ] || die 2 "needs root (installs packages, writes $CONF, runs munged as munge)"
+[ "$(id -u)" = 0 ] || die 2 "needs root (installs packages, runs slurmd and munged as munge)"
 
 # 1. packages, only when missing
 need=()
@@ -45,11 +50,11 @@ fi
 # 2. slurm.conf (single node, no accounting)
 mkdir -p "$STATE"/{run,ctld,spool,log}
 want=$(cat <<EOF
-# written by rgt tests/slurm/start-slurm.sh; the CLI tools read this file
-ClusterName=rgt
+# written by rgt tests/slurm/start-slurm.sh; the CLI tools read it through SLURM_CONF
+ClusterName=rgt$CTLD_PORT
 SlurmctldHost=$NODE(127.0.0.1)
-SlurmctldPort=6817
-SlurmdPort=6818
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$D_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -80,7 +85,7 @@ Waittime=0
 MessageTimeout=30
 SlurmctldTimeout=120
 SlurmdTimeout=300
-NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 Port=6818 CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
+NodeName=$NODE NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$D_PORT CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 )
@@ -100,7 +105,6 @@ if alive "$STATE/run/slurmctld.pid" || alive "$STATE/run/slurmd.pid"; then
     say "stale cluster, restarting"
     RGT_SLURM_STATE=$STATE bash "$(dirname "$0")/stop-slurm.sh" >/dev/null 2>&1 || true
 fi
-mkdir -p "$CONF_DIR"
 printf '%s\n' "$want" > "$CONF"
 chmod 644 "$CONF"
 

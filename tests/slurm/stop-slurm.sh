@@ -2,11 +2,13 @@
 # Stop the cluster start-slurm.sh started: scancel every job while slurmctld is alive (so no slurmstepd is
 # orphaned), then TERM slurmd + slurmctld together through their pid files under $RGT_SLURM_STATE, and wait
 # (bounded) for them to exit; KILL what is left. munged is left running (harmless, and start-slurm.sh reuses it).
-# RGT_SLURM_STOP_KILL=1 sends KILL at once. /etc/slurm/slurm.conf and the state dir are kept (the next start
-# rewrites the config and clears stale state with `slurmctld -i`).
+# RGT_SLURM_STOP_KILL=1 sends KILL at once. Only this cluster's jobs are cancelled (SLURM_CONF is its own
+# $RGT_SLURM_STATE/slurm.conf). The state dir is kept (the next start rewrites the config and clears stale state
+# with `slurmctld -i`).
 set -uo pipefail
 
 STATE=${RGT_SLURM_STATE:-/tmp/rgt-slurm}
+export SLURM_CONF=$STATE/slurm.conf
 T0=$(date +%s%N)
 say() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf 'stop-slurm: %s (+%d.%03ds)\n' "$*" $((ms / 1000)) $((ms % 1000)); }
 
