@@ -17,8 +17,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from rgt import paths
+from rgt.errors import InputError
 
 _core = paths.module_util("rgt_profiles")
+registry = paths.module_util("rgt_registry")  # the detach primitives and meter-stop verbs, one home
 
 ProfileError = _core.ProfileError
 PROFILES_DIR: Path = _core.PROFILES_DIR
@@ -30,14 +32,52 @@ clear_cache = _core.clear_cache
 STALE_AFTER_MONTHS = 6
 
 
+def registry_errors(profile: object, source: str = "<profile>") -> list:
+    """A ProfileError for every detach primitive or meter-stop verb the profile names that is not registered."""
+    return [ProfileError(field, message, fix, source) for field, message, fix in registry.profile_problems(profile)]
+
+
 def load_profile(name: str, profiles_dir: str | Path | None = None) -> dict:
-    """Return the validated profile `name`; raise ProfileError(field, message, fix) naming the JSON path."""
-    return _core.load_profile(name, profiles_dir=profiles_dir)
+    """Return the validated profile `name`; raise ProfileError(field, message, fix) naming the JSON path.
+    A primitive or verb that is not registered (plugins/module_utils/rgt_registry.py) is refused here too."""
+    profile = _core.load_profile(name, profiles_dir=profiles_dir)
+    errors = registry_errors(profile, str(_core.profile_path(name, profiles_dir)))
+    if errors:
+        raise errors[0]
+    return profile
 
 
 def validate_profile_data(data: object, source: str = "<profile>", expected_name: str | None = None) -> list:
     """Return every problem in `data` as a list of ProfileError (empty when valid)."""
-    return _core.validate_profile_data(data, source, expected_name=expected_name)
+    errors = _core.validate_profile_data(data, source, expected_name=expected_name)
+    return errors or registry_errors(data, source)
+
+
+# The playbooks that start a run's wrapper (train imports launch_detached); lifecycle and `-C train` go through them.
+LAUNCHING_PLAYBOOKS = ("train", "launch_detached")
+
+
+def check_launch(playbook: str, hosts: list) -> None:
+    """Before a play that launches: refuse (InputError, exit 2, nothing touched) when a host's profile names a
+    detach primitive that is not built yet, so nothing is uploaded for a launch that cannot happen."""
+    if playbook not in LAUNCHING_PLAYBOOKS:
+        return
+    for host in hosts:
+        err = launch_problem(host.profile)
+        if err is not None:
+            raise InputError(f"host '{host.name}': {err}", fix=err.fix, field=err.field)
+
+
+def launch_problem(profile: dict) -> ProfileError | None:
+    """Why a run cannot be launched through this profile's detach primitive (not registered, or registered but not
+    built yet: sbatch, k8s-job), as a ProfileError naming the field and what to use instead; None when it can."""
+    detach = profile.get("detach") or {}
+    found = registry.launch_problem(detach.get("primitive"), detach.get("fallback"))
+    if found is None:
+        return None
+    field, message, fix = found
+    source = f"profile {profile.get('name')}"
+    return ProfileError(field, message, fix, source)
 
 
 def profile_names() -> list[str]:
@@ -57,6 +97,12 @@ def profile_as_json(profile: dict) -> dict:
         {"path": p, "role": r, "survives_stop": s, "survives_terminate": t, "inode_cap": i}
         for p, r, s, t, i in _core.survival(profile)
     ]
+    fallback = (profile.get("detach") or {}).get("fallback")
+    doc["engines"] = {  # what the registry says about the primitive and the verb this profile names
+        "detach": registry.detach(profile["detach"]["primitive"]).as_dict(),
+        "fallback": registry.detach(fallback).as_dict() if fallback else None,
+        "meter_stop": registry.meter_stop(registry.meter_stop_of(profile["meter_stop"])).as_dict(),
+    }
     return doc
 
 
@@ -77,6 +123,12 @@ def _verb(ms: dict) -> str:
     label = ms["label"]
     same = label.lower().replace(" ", "_") == ms["verb"]
     return escape(ms["verb"] if same else f"{ms['verb']} ({label})")
+
+
+def _built(entry) -> str:
+    """A registry entry's name, marked when it is not built yet (launch refuses it)."""
+    name = escape(entry.name)
+    return name if entry.built else f"{name} [red](not built yet: {escape(entry.instead or '')})[/red]"
 
 
 def render_list(console: Console, profiles_dir: str | Path | None = None) -> None:
@@ -157,9 +209,12 @@ def render_show(console: Console, profile: dict) -> None:
         f"[bold]Spot:[/bold] {'available' if spot['available'] else 'not available'}, grace {grace}"
     )
     console.print(
-        f"[bold]Detach:[/bold] {p['detach']['primitive']}"
-        + (f" (fallback {p['detach']['fallback']})" if p["detach"]["fallback"] else " (no fallback)")
+        f"[bold]Detach:[/bold] {_built(registry.detach(p['detach']['primitive']))}"
+        + (f" (fallback {_built(registry.detach(p['detach']['fallback']))})" if p["detach"]["fallback"]
+           else " (no fallback)")
     )
+    stop = registry.meter_stop(registry.meter_stop_of(ms))
+    console.print(f"[bold]Meter stopped by:[/bold] {_built(stop)} — needs {escape(stop.needs())}")
 
     console.print("[bold]Danger clocks:[/bold]" + ("" if p["danger_clocks"] else " none"))
     for line in p["danger_clocks"]:

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ description:
     C(profiles/schema/profile.schema.json) and returns the profile as a dictionary.
   - Validation errors fail the task with the file, the JSON path of the bad field
     (for example C(mounts[1].survives[0])) and how to fix it.
+  - A detach primitive or meter-stop verb that is not registered in C(plugins/module_utils/rgt_registry.py) is
+    such an error (field C(detach.primitive), C(meter_stop.verb), C(meter_stop.api.client), ...).
   - Profiles are cached per process (keyed by path and modification time).
   - Runs on the controller; needs the Python packages C(PyYAML) and C(jsonschema).
 options:
@@ -64,7 +66,9 @@ try:
     from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_profiles import (
         ProfileError,
         load_profile,
+        profile_path,
     )
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_registry import profile_problems
 
     IMPORT_ERROR = None
 except ImportError as exc:  # PyYAML or jsonschema missing on the controller
@@ -93,7 +97,10 @@ class LookupModule(LookupBase):
         results = []
         for term in terms:
             try:
-                results.append(load_profile(str(term), profiles_dir=profiles_dir))
+                profile = load_profile(str(term), profiles_dir=profiles_dir)
+                for field, message, fix in profile_problems(profile)[:1]:  # the same rule as the runner's
+                    raise ProfileError(field, message, fix, str(profile_path(str(term), profiles_dir)))
+                results.append(profile)
             except ProfileError as err:
                 raise AnsibleError(
                     f"rgt profile {term!s} ({err.source or 'no file'}): field {err.field}: {err.message}. "

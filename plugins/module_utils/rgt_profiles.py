@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Load and validate platform profiles (profiles/<name>.yml).
 
 Controller-side only (stdlib + PyYAML + jsonschema). Shared by the lookup plugin
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import expand_root
+
 try:
     import jsonschema
 except ImportError:  # pragma: no cover - reported as a ProfileError on use
@@ -30,8 +33,6 @@ PROFILES_DIR = COLLECTION_ROOT / "profiles"
 SCHEMA_PATH = PROFILES_DIR / "schema" / "profile.schema.json"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-# Verbs whose teardown runs over the connection itself (no API, no console).
-_SELF_SERVICE_VERBS = {"none", "scancel", "delete_job"}
 
 _CACHE: dict = {}
 _SCHEMA_CACHE: dict = {}
@@ -213,7 +214,7 @@ def _semantic_errors(data: dict, source: str, expected_name: str | None) -> list
         )
     if (
         ms.get("api") is None
-        and ms.get("verb") not in _SELF_SERVICE_VERBS | {"manual"}
+        and ms.get("verb") not in [e.name for e in rgt_registry.METER_STOPS if not e.client_class]
         and not ms.get("manual_steps")
     ):
         errors.append(
@@ -348,11 +349,9 @@ def clear_cache() -> None:
 
 
 def expand_path(path: str, home: str, user: str) -> str:
-    """Resolve '~' (login home) and '{user}' (login user) in a profile path."""
-    out = path.replace("{user}", user)
-    if out == "~" or out.startswith("~/"):
-        out = home.rstrip("/") + out[1:]
-    return out
+    """Resolve '~' (login home) and '{user}' (login user) in a profile path: rgt_runlayout.expand_root, the one
+    expansion the modules apply on the box, for a given home and user."""
+    return expand_root(path, user=user, home=home)
 
 
 def render_env(profile: dict, durable_root: str, scratch_root: str) -> dict:

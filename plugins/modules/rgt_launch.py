@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: launch (or relaunch) a run's job wrapper detached, exactly once (rgt launch_detached)."""
 
 from __future__ import absolute_import, division, print_function
@@ -76,11 +76,20 @@ options:
     type: float
     default: 1.0
   detach:
-    description: How to detach. C(auto) uses tmux when it is on PATH, else setsid/nohup with a warning.
-      C(tmux) fails when tmux is missing.
+    description:
+      - The detach primitive (the profile's C(detach.primitive)), a name registered in
+        C(plugins/module_utils/rgt_registry.py) (C(tmux), C(nohup), ...). C(auto) is tmux with the fallback nohup.
+      - A name that is not registered, or a registered primitive that is not built yet (C(sbatch), C(k8s-job),
+        C(vast-onstart)), fails before anything is read or written on the box (C(rc_hint=2), C(field)); the job
+        is never run under another primitive instead.
+      - When the primitive's programs are missing on the box (tmux not on PATH), O(detach_fallback) is used with a
+        warning, else the task fails.
     type: str
-    choices: [tmux, nohup, auto]
     default: auto
+  detach_fallback:
+    description: The primitive used when O(detach) cannot run on this box (the profile's C(detach.fallback));
+      null for none. Refused like O(detach) when not registered or not built.
+    type: str
   wrapper_src:
     description: Path on the box of the wrapper to run; default C(<run_dir>/.rgt/wrapper.py).
     type: path
@@ -151,6 +160,11 @@ detach:
   description: The primitive used for this launch (tmux or nohup), or null when nothing was started.
   returned: always
   type: str
+field:
+  description: The refused field (C(detach.primitive) or C(detach.fallback)) when the primitive is not registered
+    or not built.
+  returned: on refusal
+  type: str
 pid:
   description: The wrapper's pid.
   returned: when known
@@ -174,7 +188,7 @@ exit:
   returned: always
   type: dict
 rc_hint:
-  description: 3 when the disk gate refused the launch.
+  description: 3 when the disk gate refused the launch; 2 when the detach primitive is not registered or not built.
   returned: on failure
   type: int
 """
@@ -187,7 +201,7 @@ from shlex import quote
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
@@ -256,10 +270,7 @@ def tail(path, lines=20):
 def expand_env(env):
     out = {}
     for name, value in (env or {}).items():
-        value = "" if value is None else str(value)
-        if value == "~" or value.startswith("~/"):
-            value = rl.expand_root(value)
-        out[str(name)] = value
+        out[str(name)] = rl.expand_user("" if value is None else str(value))  # `{user}`, a leading `~`
     return out
 
 
@@ -305,9 +316,11 @@ def tmux_owner(tmux, session):
     return (out.strip() or None) if proc.returncode == 0 else None
 
 
-def start_tmux(module, tmux, session, python, wrapper, run_dir, result):
+def start_tmux(module, paths, python, wrapper, result):
     """Start the wrapper in a new tmux session marked with its run dir. A session of the same name is killed
-    only when it is this run's own leftover (the wrapper is dead: checked before); anything else is left alone."""
+    only when it is this run's own leftover (the wrapper is dead: checked before); anything else is left alone.
+    Returns None (the wrapper is not our child)."""
+    tmux, session, run_dir = shutil.which("tmux"), paths.session(), paths.run_dir
     if tmux_has(tmux, session):
         owner = tmux_owner(tmux, session)
         if owner != run_dir:
@@ -326,9 +339,12 @@ def start_tmux(module, tmux, session, python, wrapper, run_dir, result):
     if proc.returncode != 0:
         module.fail_json(msg="tmux new-session failed (rc %s): %s" % (proc.returncode, (err or out).strip()),
                          session=session)
+    return None
 
 
-def start_nohup(paths, python, wrapper):
+def start_nohup(module, paths, python, wrapper, result):
+    """Start the wrapper in a new session (setsid), stdin /dev/null, output appended to logs/wrapper.log; returns
+    the child (its early exit shortens the wait for the first heartbeat)."""
     log = open(os.path.join(paths.logs, "wrapper.log"), "ab")
     try:
         proc = subprocess.Popen([python, wrapper, paths.run_dir], stdin=subprocess.DEVNULL, stdout=log,
@@ -337,6 +353,35 @@ def start_nohup(paths, python, wrapper):
     finally:
         log.close()
     return proc
+
+
+def choose_detach(module, primitive, fallback, result):
+    """The registered, built primitive to start the wrapper with: `primitive` when its programs are on this box's
+    PATH, else `fallback` with a warning; fails when neither can run. (Refusals of unregistered or unbuilt names
+    happened before: rgt_registry.launch_problem.)"""
+    if primitive == rgt_registry.AUTO:
+        primitive, fallback = rgt_registry.AUTO_MEANS
+    chosen = None
+    for name in (primitive, fallback):
+        if name is None:
+            continue
+        entry = rgt_registry.detach(name)
+        missing = [b for b in entry.binaries if not shutil.which(b)]
+        if not missing:
+            chosen = entry
+            break
+        if name == primitive and fallback:
+            module.warn("%s is not installed on the box: the wrapper runs under %s instead (%s; it does not survive "
+                        "what kills the login session on platforms that reap such jobs)"
+                        % (", ".join(missing), fallback, rgt_registry.detach(fallback).what))
+        elif name == primitive:
+            module.fail_json(msg="detach %s but %s is not on PATH and the profile names no fallback: install %s, "
+                                 "or give the profile a detach.fallback" % (name, ", ".join(missing),
+                                                                           ", ".join(missing)), **result)
+    if chosen is None:
+        module.fail_json(msg="neither detach %s nor its fallback %s can run on this box (programs missing)"
+                             % (primitive, fallback), **result)
+    return chosen
 
 
 def job_document(module, paths, job, code_dir, omp, python, secrets_file):
@@ -386,7 +431,8 @@ def main():
             grace_s=dict(type="int", default=30),
             omp_num_threads=dict(type="int"),
             disk_floor_gib=dict(type="float", default=1.0),
-            detach=dict(type="str", choices=["tmux", "nohup", "auto"], default="auto"),
+            detach=dict(type="str", default=rgt_registry.AUTO),
+            detach_fallback=dict(type="str"),
             wrapper_src=dict(type="path"),
             wrapper_content=dict(type="str"),
             runlayout_content=dict(type="str"),
@@ -397,6 +443,11 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    # an unregistered or unbuilt primitive is refused before anything on the box is read or written
+    refused = rgt_registry.launch_problem(p["detach"], p["detach_fallback"])
+    if refused:
+        field, message, fix = refused
+        module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False)
     job = p["job"]
     root = rl.expand_root(p["durable_root"])
     try:
@@ -483,15 +534,8 @@ def main():
     elif omp <= 0:
         omp = None
 
-    detach = p["detach"]
-    tmux = shutil.which("tmux")
-    if detach == "tmux" and not tmux:
-        module.fail_json(msg="detach=tmux but tmux is not on PATH: install tmux or use detach nohup", **result)
-    if detach == "auto":
-        detach = "tmux" if tmux else "nohup"
-        if not tmux:
-            module.warn("tmux is not installed on the box: the wrapper runs under setsid/nohup instead (it does "
-                        "not survive what kills the login session on platforms that reap nohup jobs)")
+    entry = choose_detach(module, p["detach"], p["detach_fallback"], result)
+    detach = entry.name
 
     action = "launch" if state == "never" else "relaunch"
     attempt = result["attempt"] + 1
@@ -514,11 +558,7 @@ def main():
     rl.atomic_write_json(paths.job, doc, 0o600)  # the proxy hook may carry credentials
 
     # 5. start detached, then wait for the first heartbeat of this attempt
-    proc = None
-    if detach == "tmux":
-        start_tmux(module, tmux, session, python, wrapper, paths.run_dir, result)
-    else:
-        proc = start_nohup(paths, python, wrapper)
+    proc = globals()["start_" + entry.impl](module, paths, python, wrapper, result)
     deadline = time.time() + max(1, p["first_heartbeat_timeout_s"])
     while True:
         beat = rl.read_json(paths.heartbeat) or {}

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import absolute_import, division, print_function
 
@@ -29,6 +29,9 @@ description:
     I(poll_timeout_s); a poll that runs out fails with the state C(unknown — check the console). A reversible
     stop whose API key is not set (AutoDL 关机 without C(AUTODL_TOKEN)) calls nothing and returns the console
     steps.
+  - Which verb stops the meter comes from the registry C(plugins/module_utils/rgt_registry.py) (the API client
+    C(meter_stop.api.client), else C(meter_stop.verb), else C(manual) for an action with console steps); one that
+    is not registered or not built fails before the gate with C(rc_hint=2) and the profile field, nothing called.
   - C(manual) prints the profile's steps and calls nothing; C(none) has nothing to stop; C(scancel) returns the
     command for the role to run on the login node; C(delete_job) runs C(kubectl delete job) when kubectl exists
     on the controller (the PVC is kept), else prints it.
@@ -182,7 +185,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_gate, rgt_manifest
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_gate, rgt_manifest, rgt_registry
 
 
 def check_gate(p):
@@ -240,6 +243,70 @@ def run_kubectl(module, name):
     return ("deleted" if proc.stdout.strip() else "already gone"), bool(proc.stdout.strip())
 
 
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+# One function per meter-stop verb of rgt_registry (``stop_<impl>``): each fills the record (final_state, calls),
+# may add to `extra` (warnings, remote_command) and returns whether it changed anything.
+
+def stop_api(module, p, api, record, extra, base, gate):
+    """A control-plane client (rgt_cloud): look, call once, poll until gone."""
+    resume = p["resume_poll"]
+    if resume is None:
+        resume = call_made_before(p["ledger_path"], p["instance_id"])
+    try:
+        client = rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
+    except rgt_cloud.CloudError as exc:
+        module.fail_json(msg=exc.message, kind=exc.kind, gate=gate, calls=[], **base)
+    try:
+        outcome = rgt_cloud.teardown(client, p["instance_id"], poll_timeout_s=p["poll_timeout_s"],
+                                     poll_interval_s=p["poll_interval_s"], resume_poll=resume)
+    except rgt_cloud.CloudError as exc:
+        record.update(calls=client.calls, final_state=rgt_cloud.UNKNOWN if client.calls and any(
+            c["method"] != "GET" for c in client.calls) else "not stopped", at=_now(), error=exc.message)
+        write_record(p["ledger_path"], record)
+        module.fail_json(msg="%s: %s" % (p["instance_id"], exc.message), kind=exc.kind, gate=gate,
+                         **dict(base, **record))
+    still = client.leftovers(p["instance_id"]) if outcome["final_state"] != rgt_cloud.UNKNOWN else []
+    final = ("already " + outcome["final_state"]) if outcome["already"] else outcome["final_state"]
+    record.update(calls=client.calls, final_state=final, at=_now(), states=outcome["states"])
+    extra.update(warnings=extra.get("warnings", []) + outcome["warnings"], still_billing=still)
+    if still:
+        record["keeps_billing"] = record["keeps_billing"] + still
+    if final == rgt_cloud.UNKNOWN:
+        record["last_seen"] = outcome.get("last_seen")
+        write_record(p["ledger_path"], record)
+        module.fail_json(msg="%s: the platform did not report the instance gone within %.0f s (last seen: %s); "
+                         "not calling again — %s" % (p["instance_id"], p["poll_timeout_s"],
+                                                     outcome.get("last_seen"), rgt_cloud.UNKNOWN),
+                         gate=gate, **dict(base, **dict(record, **extra)))
+    return outcome["stop_called"]
+
+
+def stop_none(module, p, api, record, extra, base, gate):
+    record.update(final_state="nothing to stop", at=_now())
+    return False
+
+
+def stop_scancel(module, p, api, record, extra, base, gate):
+    """The role runs the command on the login node and watches the job end."""
+    record.update(final_state="scancel requested on the login node", at=_now())
+    extra["remote_command"] = ["scancel", p["instance_id"]]
+    return True
+
+
+def stop_delete_job(module, p, api, record, extra, base, gate):
+    final, changed = run_kubectl(module, p["instance_id"])
+    record.update(final_state=final, at=_now())
+    return changed
+
+
+def stop_manual(module, p, api, record, extra, base, gate):
+    record.update(final_state="manual — nothing was called: follow the steps in the platform console", at=_now())
+    return False
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -271,6 +338,16 @@ def main():
                 manual_steps=list(meter.get("manual_steps") or []), post_check=meter.get("post_check") or "",
                 clocks=rgt_gate.clocks_started(profile))
 
+    # the verb that stops this meter, from the registry: an unregistered or unbuilt one is bad input, nothing read
+    method = rgt_registry.meter_stop(rgt_registry.meter_stop_of(dict(meter, verb=verb)))
+    if method is None or not method.built:
+        problems = rgt_registry.profile_problems(profile)
+        field, message, fix = problems[0] if problems else (
+            "meter_stop", "%r has no registered meter-stop verb that is built" % verb,
+            "use one of: " + ", ".join(e.name for e in rgt_registry.METER_STOPS if e.built))
+        module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False,
+                         **base)
+
     gate = check_gate(p)
     if not gate["passed"]:
         module.fail_json(msg="teardown refused for %s (%s %s): %s" % (p["host"], verb, p["instance_id"],
@@ -281,65 +358,20 @@ def main():
         module.exit_json(changed=True, gate=gate, final_state="not called (check mode): would %s %s"
                          % (verb, p["instance_id"]), calls=[], **base)
 
-    now = lambda: datetime.datetime.now(datetime.timezone.utc).isoformat()  # noqa: E731
     record = dict(instance_id=p["instance_id"], verb=verb, reversible=reversible, calls=[], final_state=None,
                   keeps_billing=keeps, at=None)
     extra = {}
-    changed = False
     api = meter.get("api") or {}
-    client_error = None
-    if api.get("client"):
+    if method.client_class:
         try:
             rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
         except rgt_cloud.CloudError as exc:
-            client_error = exc
-    if client_error is not None and client_error.kind == "auth" and rgt_gate.console_instead(meter, False):
-        # a reversible stop with no API key (AutoDL's 关机 is a console click for most users): the console steps
-        # are the way, not an error; with the key set, rgt makes the call itself
-        extra["warnings"] = ["%s; follow the console steps below instead" % client_error.message]
-        api = {}
-    if api.get("client"):
-        resume = p["resume_poll"]
-        if resume is None:
-            resume = call_made_before(p["ledger_path"], p["instance_id"])
-        try:
-            client = rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
-        except rgt_cloud.CloudError as exc:
-            module.fail_json(msg=exc.message, kind=exc.kind, gate=gate, calls=[], **base)
-        try:
-            outcome = rgt_cloud.teardown(client, p["instance_id"], poll_timeout_s=p["poll_timeout_s"],
-                                         poll_interval_s=p["poll_interval_s"], resume_poll=resume)
-        except rgt_cloud.CloudError as exc:
-            record.update(calls=client.calls, final_state=rgt_cloud.UNKNOWN if client.calls and any(
-                c["method"] != "GET" for c in client.calls) else "not stopped", at=now(), error=exc.message)
-            write_record(p["ledger_path"], record)
-            module.fail_json(msg="%s: %s" % (p["instance_id"], exc.message), kind=exc.kind, gate=gate,
-                             **dict(base, **record))
-        still = client.leftovers(p["instance_id"]) if outcome["final_state"] != rgt_cloud.UNKNOWN else []
-        final = ("already " + outcome["final_state"]) if outcome["already"] else outcome["final_state"]
-        changed = outcome["stop_called"]
-        record.update(calls=client.calls, final_state=final, at=now(), states=outcome["states"])
-        extra.update(warnings=outcome["warnings"], still_billing=still)
-        if still:
-            record["keeps_billing"] = keeps + still
-        if final == rgt_cloud.UNKNOWN:
-            record["last_seen"] = outcome.get("last_seen")
-            write_record(p["ledger_path"], record)
-            module.fail_json(msg="%s: the platform did not report the instance gone within %.0f s (last seen: %s); "
-                             "not calling again — %s" % (p["instance_id"], p["poll_timeout_s"],
-                                                         outcome.get("last_seen"), rgt_cloud.UNKNOWN),
-                             gate=gate, **dict(base, **dict(record, **extra)))
-    elif verb == "none":
-        record.update(final_state="nothing to stop", at=now())
-    elif verb == "scancel":
-        record.update(final_state="scancel requested on the login node", at=now())
-        extra["remote_command"] = ["scancel", p["instance_id"]]
-        changed = True
-    elif verb == "delete_job":
-        final, changed = run_kubectl(module, p["instance_id"])
-        record.update(final_state=final, at=now())
-    else:
-        record.update(final_state="manual — nothing was called: follow the steps in the platform console", at=now())
+            if exc.kind == "auth" and rgt_gate.console_instead(meter, False):
+                # a reversible stop with no API key (AutoDL's 关机 is a console click for most users): the console
+                # steps are the way, not an error; with the key set, rgt makes the call itself
+                extra["warnings"] = ["%s; follow the console steps below instead" % exc.message]
+                method = rgt_registry.meter_stop("manual")
+    changed = globals()["stop_" + method.impl](module, p, api, record, extra, base, gate)
     write_record(p["ledger_path"], record)
     module.exit_json(changed=changed, gate=gate, **dict(base, **dict(record, **extra)))
 
