@@ -1,4 +1,4 @@
-"""Exit codes (design.md) and the one error type that maps to each of them."""
+"""Exit codes (docs/internals.md "Exit codes") and the one error type that maps to each of them."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors
+from rgt import errors, paths
 from rgt.inventory import Host
 from rgt.ledger import atomic_write_json, read_json
 from rgt.phases import PhaseResult
 
-SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+_findings_rule = paths.module_util("rgt_findings")  # the one shape and order of every phase's findings
 SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}
 
 NEXT_STEP = {
@@ -49,11 +49,12 @@ def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[
     rep = read_json(path)
     if not rep or path.stat().st_mtime < since:  # a report from an earlier run is not this run's finding
         return None, []
-    return rep, sorted(rep.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
+    return rep, _findings_rule.worst_first(rep.get("findings", []))
 
 
 SKIPPED_SHOWN = 5
-SKIPPED_KIND = {"symlink": "symlink", "special": "not a regular file", "undecodable": "name not UTF-8"}
+SKIPPED_KIND = {"symlink": "symlink", "special": "not a regular file", "undecodable": "name not UTF-8",
+                "unsafe": "backslash or drive prefix in the name"}
 
 
 def _named(items: list[str], shown: int = SKIPPED_SHOWN) -> str:
@@ -86,10 +87,11 @@ def _phase_line(phase: str, rep: dict) -> str:
 
 
 def _print_findings(console: Console, findings: list[dict]) -> None:
+    """Every finding of every phase (rgt_findings shape): severity, message, and its fix when it has one."""
     for f in findings:
         sev = f.get("severity", "info")
-        fix = f" [dim]fix: {f['fix']}[/dim]" if f.get("fix") else ""
-        console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {f.get('message')}{fix}")
+        fix = f" [dim]fix: {escape(f['fix'])}[/dim]" if f.get("fix") else ""
+        console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {escape(str(f.get('message')))}{fix}")
 
 
 def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path,
@@ -124,7 +126,7 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
             _print_findings(console, findings)
         env = out.results.get("env_check_report") if out else None
         if env:
-            env_findings = sorted(env.get("findings", []), key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 9))
+            env_findings = _findings_rule.worst_first(env.get("findings", []))
             entry["env_check"] = {"verdict": env.get("verdict"), "findings": env_findings,
                                   "interpreter": (env.get("interpreter") or {}).get("path"),
                                   "torch": env.get("torch"), "driver_cuda": env.get("driver_cuda")}

@@ -11,7 +11,7 @@
 #     suite, variant, package list and mmdebstrap options below;
 #   - localhost/rgt-stub-base:latest carries the label rgt.rootfs=<hash>;
 #   - localhost/rgt-stub:latest carries the label rgt.inputs=<hash of rootfs hash + build context>.
-# Facts and pitfalls: /work/shared/reference/container-stubs.md (runc, ulimits, tmpfs inode volumes).
+# Machine facts (runc not crun, lower ulimits): the comments in tests/stubs/containers.conf.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

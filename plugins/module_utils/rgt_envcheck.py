@@ -1,27 +1,22 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Pure decision logic for the env_check phase (runs on the remote box).
 
 Python 3.6+ standard library only: this file is shipped inside the module payload and imported on whatever
 interpreter the box offers. Nothing here runs a process or touches the network; the module gathers facts
-and these functions turn them into findings. Findings are plain dicts:
-
-    {"id": "torch_cuda_newer_than_driver", "severity": "critical", "message": "...", "fix": "..."}
-
-severity is one of critical | warning | info. Proxy values are never put into a finding or a return value:
-a proxy URL can carry credentials, so only variable NAMES leave this module.
+and these functions turn them into findings, built by rgt_findings.finding (the one shape of every phase:
+id, severity, message, fix, data; docs/internals.md "Findings"). Proxy values are never put into a finding or
+a return value: a proxy URL can carry credentials, so only variable NAMES leave this module.
 """
 
 from __future__ import absolute_import, division, print_function
 
 import re
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict  # noqa: F401
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding
 
 __metaclass__ = type
-
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import SEVERITIES  # noqa: E402
 
 # Variables that route traffic through a proxy. no_proxy is not one of them: it only exempts hosts.
 PROXY_ROUTE_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy")
@@ -35,13 +30,6 @@ _IPV4_RE = re.compile(r"^[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?:/[0-9]{1,2})?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def finding(fid, severity, message, fix=""):
-    if severity not in SEVERITIES:
-        raise ValueError("unknown severity %r" % (severity,))
-    return {"id": fid, "severity": severity, "message": message, "fix": fix}
-
-
-
 def fails_on(report_verdict, fail_on):
     """True when a verdict must stop the play under the fail_on policy (critical | warning | never)."""
     if fail_on == "never":
@@ -52,7 +40,7 @@ def fails_on(report_verdict, fail_on):
 
 
 # ----------------------------------------------------------------------------------------------------
-# torch / CUDA / driver triangle (gotcha U28)
+# torch / CUDA / driver triangle: a torch wheel built for a newer CUDA than the driver supports fails at init
 # ----------------------------------------------------------------------------------------------------
 
 def parse_cuda_version(value):
@@ -163,7 +151,7 @@ def cuda_findings(driver_cuda, torch_info, gpus_present, expected_cuda_driver=No
                 "torch_cpu_build", "warning",
                 "%s is a CPU-only build (torch.version.cuda is None) on a box with GPUs" % torch_label,
                 "use the image's CUDA build of torch; filter torch/torchvision/torchaudio pins out of "
-                "requirements before pip install (U28)"))
+                "requirements before pip install"))
         return out
 
     specific = False
@@ -241,7 +229,7 @@ def interpreter_findings(info, refuse_conda_base=False):
 
 
 # ----------------------------------------------------------------------------------------------------
-# proxies and no_proxy (domain brief 2.6)
+# proxies and no_proxy: a platform's proxy hook (e.g. AutoDL's /etc/network_turbo) exports both casings
 # ----------------------------------------------------------------------------------------------------
 
 def proxy_var_names(env):
@@ -352,5 +340,5 @@ def parse_env0(data):
     return env
 
 
-# CRLF (gotcha U26): the rule (what is a script, which line ends count) lives in rgt_tree, shared with
-# upload_resume; the rgt_env_check module applies it on the box.
+# CRLF (a CR before the LF breaks shell scripts): the rule (what is a script, which line ends count) lives in
+# rgt_tree, shared with upload_resume; the rgt_env_check module applies it on the box.

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """The export manifest (docs/internals.md "Closeout, pull, verification, teardown"): build, validate, compare,
 and the checkpoint load checks.
 
@@ -8,7 +10,8 @@ numpy, safetensors and torch are optional: a checkpoint whose loader is not impo
 
 Rules:
 - a capsule holds regular files and directories only: a symlink anywhere (file or directory) is refused;
-- paths are POSIX, relative to the capsule, sorted; no absolute path, no `..`, no empty component, no duplicate;
+- paths are POSIX, relative to the capsule, sorted, no duplicate, and pass rgt_runlayout.check_relpath (no absolute
+  path, no `..`, no empty component, no backslash);
 - nothing inside the capsule is ignored (rsync's partial files live in a --partial-dir outside it);
 - hashing reads 1 MiB chunks; an empty capsule is refused.
 """
@@ -28,10 +31,11 @@ import sys
 
 SCHEMA = "rgt/manifest/v1"
 CHUNK = 1 << 20
-try:  # the one name rule (absent when this file runs alone as a checkpoint loader: load_checkpoint_with)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_name
+try:  # the one name rule and the one relative-path rule (absent when this file runs alone as a checkpoint loader:
+    # load_checkpoint_with)
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_name, check_relpath
 except ImportError:  # pragma: no cover
-    check_name = None
+    check_name = check_relpath = None
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -57,20 +61,6 @@ def sha256_file(path):
 
 def sha256_bytes(data):
     return hashlib.sha256(data).hexdigest()
-
-
-def check_relpath(path):
-    """None when `path` is a safe capsule-relative POSIX path, else the reason."""
-    if not isinstance(path, str) or not path:
-        return "empty or non-string path"
-    if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:", path):
-        return "absolute path"
-    if "\\" in path or "\x00" in path:
-        return "backslash or NUL in path"
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "empty, '.' or '..' component"
-    return None
 
 
 def list_tree(root, refuse_symlinks=True):

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Declared outputs and checkpoints under a run directory, resolved without ever following a symlink
 (docs/internals.md "Closeout, pull, verification, teardown").
 
@@ -15,7 +17,7 @@ An entry (relative to `out/` or `ckpt/`) is
 Every component, from the run directory down, is opened with O_NOFOLLOW relative to its parent's descriptor, and
 files are copied from the descriptor that was opened, so no symlink is ever followed, even one swapped in while
 the closeout runs. A symlink or a special file met on the way is refused and named, never skipped. Entries with
-an absolute path, `..`, `.` or an empty component are refused (rgt_manifest.check_relpath).
+an absolute path, a backslash, `..`, `.` or an empty component are refused (rgt_runlayout.check_relpath).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -27,7 +29,8 @@ import fnmatch
 import os
 import stat
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import CHUNK, check_relpath
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import CHUNK
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath
 
 GLOB_CHARS = ("*", "?", "[")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

@@ -1,11 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Decide what a probe report means for the user: findings and a verdict.
 
 Pure logic over the report the rgt_probe module collects (schema_version 1),
 the job's GPU request and the validated profile. Kept apart from collection
 so every rule is unit-tested on plain dicts.
+
+Every finding comes from rgt_findings.finding (id, severity, message, fix, data): the message says what is
+wrong, the fix what the user does about it (re-rent, free space, move the durable root...), data the facts.
 
 Severity policy (one place, so the role and the docs can cite it):
 - critical (probe FAILS, "re-rent this box"): broken NVIDIA driver; no GPU or
@@ -28,13 +31,11 @@ Severity policy (one place, so the role and the docs can cite it):
 
 from __future__ import absolute_import, division, print_function
 
-import os
-
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding, worst_first
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict as verdict_of
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import expand_root
 
 __metaclass__ = type
-
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import SEVERITIES  # noqa: E402
 
 DISK_WARN_PCT = 90
 DISK_HIGH_PCT = 95
@@ -42,11 +43,6 @@ GIB = 1024 ** 3
 
 _TERMINATE_WORDS = ("terminate", "destroy", "release", "delete", "remove", "return",
                     "scancel", "cancel")
-
-
-def finding(fid, severity, message, data=None):
-    """One finding; ids are stable so tests and the runner can key on them."""
-    return {"id": fid, "severity": severity, "message": message, "data": data or {}}
 
 
 def _gib(value):
@@ -75,20 +71,23 @@ def _gpu_presence(gpu, wanted):
     if kind in ("driver_unreachable", "driver_mismatch"):
         severity = "critical" if wanted else "warning"
         return [finding("gpu_driver_broken", severity,
-                        "%s; the GPUs on this box cannot be used. Re-rent this box."
+                        "%s; the GPUs on this box cannot be used."
                         % failure.get("message", "the NVIDIA driver is broken"),
+                        "Re-rent this box: a broken driver cannot be repaired from inside the instance.",
                         {"failure": failure})]
     count = len(gpu.get("gpus") or [])
     if wanted and count == 0:
         why = failure.get("message") or "nvidia-smi lists no GPUs"
         return [finding("gpu_none", "critical",
-                        "The job asks for %d GPU(s) but this box has none (%s). "
-                        "A container started without GPUs, or a restart lost them: re-rent "
-                        "this box." % (wanted, why), {"failure": failure})]
+                        "The job asks for %d GPU(s) but this box has none (%s): a container "
+                        "started without GPUs, or a restart lost them." % (wanted, why),
+                        "Re-rent this box, with its GPUs attached when the instance is created.",
+                        {"failure": failure})]
     if wanted and count < wanted:
         return [finding("gpu_count", "critical",
-                        "The job asks for %d GPUs but this box has %d. Re-rent a box with "
-                        "enough GPUs." % (wanted, count), {"wanted": wanted, "found": count})]
+                        "The job asks for %d GPUs but this box has %d." % (wanted, count),
+                        "Re-rent a box with at least %d GPUs, or lower rgt_job.gpu.count." % wanted,
+                        {"wanted": wanted, "found": count})]
     return []
 
 
@@ -103,14 +102,17 @@ def _gpu_fit(gpus, wanted, gpu_request):
                 "gpu_memory_unknown", "warning",
                 "nvidia-smi does not report GPU memory here (unified memory such as GB10), "
                 "so the %d MiB request cannot be checked." % min_mib,
+                "Check the GPU memory in the platform's listing; drop rgt_job.gpu.min_memory_mib "
+                "to skip this check.",
                 {"min_memory_mib": min_mib}))
         elif len(big) < max(wanted, 1):
             sizes = sorted(set(g.get("memory_total_mib") for g in gpus))
             findings.append(finding(
                 "gpu_memory", "critical",
                 "The job needs %d GPU(s) with at least %d MiB; this box has %d (GPU memory: "
-                "%s MiB). Re-rent a box with larger GPUs." % (
-                    max(wanted, 1), min_mib, len(big), ", ".join(str(s) for s in sizes)),
+                "%s MiB)." % (max(wanted, 1), min_mib, len(big), ", ".join(str(s) for s in sizes)),
+                "Re-rent a box with GPUs of at least %d MiB, or lower rgt_job.gpu.min_memory_mib."
+                % min_mib,
                 {"min_memory_mib": min_mib, "matching": len(big), "sizes_mib": sizes}))
     name = (gpu_request or {}).get("name")
     if name and gpus:
@@ -120,6 +122,7 @@ def _gpu_fit(gpus, wanted, gpu_request):
             findings.append(finding(
                 "gpu_name", "warning",
                 "The job asks for '%s' GPUs; this box has %s." % (name, ", ".join(names)),
+                "Re-rent a box with %s GPUs, or change rgt_job.gpu.name if these will do." % name,
                 {"requested": name, "found": names}))
     return findings
 
@@ -133,9 +136,9 @@ def _gpu_throttle(gpus):
         if thermal or hardware:
             findings.append(finding(
                 "gpu_throttle", "warning",
-                "GPU %s is slowing its clocks now (%s): the same code can run 25-40%% slower. "
-                "Consider re-renting if it persists." % (gpu.get("index"), ", ".join(
-                    thermal + hardware)),
+                "GPU %s is slowing its clocks now (%s): the same code can run 25-40%% slower." % (
+                    gpu.get("index"), ", ".join(thermal + hardware)),
+                "Probe again in a few minutes; re-rent this box if the GPU still slows down.",
                 {"gpu": gpu.get("index"), "reasons": thermal + hardware,
                  "temperature_c": gpu.get("temperature_c")}))
     return findings
@@ -149,6 +152,8 @@ def _gpu_busy(gpu):
     return [finding("gpu_busy", "warning",
                     "%d process(es) already hold %d MiB of GPU memory before the job starts "
                     "(another tenant, or leftovers from an earlier run)." % (len(apps), used),
+                    "Stop those processes if they are yours (nvidia-smi lists their PIDs); "
+                    "otherwise re-rent this box.",
                     {"processes": apps})]
 
 
@@ -157,14 +162,15 @@ def _kernel_log(log):
         return [finding("kernel_log_unreadable", "warning",
                         "The kernel log (dmesg/journalctl) cannot be read here, so the GPU "
                         "health verdict is non-authoritative: Xid errors would not be seen.",
-                        {"error": log.get("error")})]
+                        "", {"error": log.get("error")})]
     findings = []
     fallen = log.get("fallen_off_bus") or []
     if fallen:
         findings.append(finding(
             "gpu_fallen_off_bus", "critical",
-            "The kernel log says a GPU has fallen off the bus (%s). Re-rent this box." %
+            "The kernel log says a GPU has fallen off the bus (%s)." %
             ", ".join(sorted(set(f.get("pci") or "?" for f in fallen))),
+            "Re-rent this box: the GPU is gone until the host is serviced.",
             {"lines": [f.get("line") for f in fallen[:5]]}))
     by_code = {}
     for xid in log.get("xids") or []:
@@ -176,9 +182,10 @@ def _kernel_log(log):
         advice = first.get("advice", "")
         findings.append(finding(
             "gpu_xid_%d" % code, severity,
-            "Xid %d (%s) seen %d time(s) on %s: %s." % (
+            "Xid %d (%s) seen %d time(s) on %s." % (
                 code, first.get("meaning", "?"), len(events),
-                ", ".join(sorted(set(e.get("pci") or "?" for e in events))), advice),
+                ", ".join(sorted(set(e.get("pci") or "?" for e in events)))),
+            advice[:1].upper() + advice[1:] + "." if advice else "",
             {"code": code, "count": len(events), "re_rent": first.get("re_rent", False),
              "lines": [e.get("line") for e in events[:3]]}))
     return findings
@@ -197,7 +204,7 @@ def gpu_findings(report, gpu_request):
         findings.append(finding(
             "cuda_version_unknown", "info",
             "nvidia-smi shows no CUDA version (no CUDA user-mode library in this container); "
-            "the job's CUDA runtime must bring its own.", {}))
+            "the job's CUDA runtime must bring its own."))
     if wanted or gpus:
         findings += _kernel_log(report.get("kernel_log") or {})
     return findings
@@ -219,8 +226,13 @@ def _disk_one(mount):
         if kind == "inodes" and (bytes_pct is None or bytes_pct < DISK_WARN_PCT):
             message += " — inodes, not bytes, will run out first"
         if level == "high":
-            message += "; at 95%% the monitor escalates: prune or expand before launching"
-        findings.append(finding("disk_%s_full" % kind, "warning", message + ".",
+            message += "; at 95%% the monitor escalates"
+        if kind == "inodes":
+            fix = ("Delete or pack small files on %s (caches, unpacked datasets: tar them) or expand it "
+                   "before launching." % path)
+        else:
+            fix = "Free space on %s (old checkpoints, caches) or expand it before launching." % path
+        findings.append(finding("disk_%s_full" % kind, "warning", message + ".", fix,
                                 {"path": path, "mountpoint": mount.get("mountpoint"),
                                  "pct": pct, "level": level}))
     return findings
@@ -234,6 +246,11 @@ def storage_findings(report):
     return findings
 
 
+def _expand(path, host):
+    """A profile path on this box: `~` and `{user}` for the login user the report names (rgt_runlayout)."""
+    return expand_root(path, user=host.get("user"), home=host.get("home"))
+
+
 def _needed_survival(verb):
     if not verb or str(verb).lower() in ("none", "null"):
         return None
@@ -243,17 +260,11 @@ def _needed_survival(verb):
     return "stop"
 
 
-def _expand(path, home):
-    if path and path.startswith("~") and home:
-        return home + path[1:]
-    return path
-
-
-def _profile_mount_for(path, mounts, home):
+def _profile_mount_for(path, mounts, host):
     best = None
     best_len = -1
     for mount in mounts or []:
-        point = (_expand(mount.get("path"), home) or "").rstrip("/") or "/"
+        point = (_expand(mount.get("path"), host) or "").rstrip("/") or "/"
         if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
             if len(point) > best_len:
                 best, best_len = mount, len(point)
@@ -264,52 +275,57 @@ def layout_findings(report, profile):
     """Durable root present/writable, survival of the meter-stop verb, export rename."""
     layout = report.get("layout") or {}
     root = layout.get("durable_root")
+    host = report.get("host") or {}
     findings = []
     if root and not layout.get("durable_root_exists"):
-        home = (report.get("host") or {}).get("home")
-        mount = _profile_mount_for(root, (profile or {}).get("mounts"), home)
-        point = (_expand(mount.get("path"), home) or "/") if mount else "/"
+        mount = _profile_mount_for(root, (profile or {}).get("mounts"), host)
+        point = (_expand(mount.get("path"), host) or "/") if mount else "/"
         missing = (report.get("storage") or {}).get("missing_paths") or []
         if point != "/" and point in missing:
             return [finding("durable_mount_missing", "critical",
                             "The durable root %s should be on %s, which is not mounted on this box "
-                            "(it must be attached when the instance is created). Re-rent this box "
-                            "with it, or set rgt_durable_root." % (root, point),
+                            "(it must be attached when the instance is created)." % (root, point),
+                            "Re-rent this box with %s attached, or set rgt_durable_root to a path "
+                            "on a mount this box has." % point,
                             {"durable_root": root, "mount": point})]
         if layout.get("durable_root_writable") is False:
             return [finding("durable_root_not_writable", "critical",
-                            "The durable root %s does not exist and %s cannot be written (%s). "
-                            "Fix rgt_durable_root." % (root, layout.get("anchor"),
-                                                      layout.get("write_error") or "denied"),
+                            "The durable root %s does not exist and %s cannot be written (%s)."
+                            % (root, layout.get("anchor"), layout.get("write_error") or "denied"),
+                            "Set rgt_durable_root to a directory the login user can create.",
                             {"durable_root": root, "anchor": layout.get("anchor")})]
         findings.append(finding("durable_root_absent", "info",
                                 "The durable root %s does not exist yet; upload creates it." % root,
-                                {"durable_root": root, "anchor": layout.get("anchor")}))
-        return findings + _survival(root, profile, home)
+                                "", {"durable_root": root, "anchor": layout.get("anchor")}))
+        return findings + _survival(root, profile, host)
     if root and layout.get("durable_root_writable") is False:
         return [finding("durable_root_not_writable", "critical",
-                        "The durable root %s cannot be written (%s). Re-rent this box or fix "
-                        "the profile's roots." % (root, layout.get("write_error") or "denied"),
+                        "The durable root %s cannot be written (%s)." % (
+                            root, layout.get("write_error") or "denied"),
+                        "Set rgt_durable_root (or the profile's roots.durable) to a writable path, "
+                        "or re-rent this box.",
                         {"durable_root": root, "error": layout.get("write_error")})]
-    findings += _survival(root, profile, (report.get("host") or {}).get("home"))
+    findings += _survival(root, profile, host)
     if layout.get("same_filesystem") is False:
         findings.append(finding(
             "export_cross_filesystem", "warning",
             "%s and %s are on different filesystems, so closing a run cannot be an atomic "
             "rename; collect will refuse until they share one." % (
                 layout.get("partial_dir"), layout.get("export_dir")),
+            "Set rgt_durable_root to a directory on one filesystem, with no mount point below "
+            "<durable root>/<project>/export.",
             {"compared": layout.get("compared")}))
     return findings
 
 
-def _survival(root, profile, home):
+def _survival(root, profile, host):
     profile = profile or {}
     verb = (profile.get("meter_stop") or {}).get("verb")
     needed = _needed_survival(verb)
     mounts = profile.get("mounts") or []
     if not root or not needed or not mounts:
         return []
-    mount = _profile_mount_for(root, mounts, home)
+    mount = _profile_mount_for(root, mounts, host)
     if mount and needed in (mount.get("survives") or []):
         return []
     survivors = [m.get("path") for m in mounts if needed in (m.get("survives") or [])]
@@ -318,9 +334,11 @@ def _survival(root, profile, home):
     message = "The durable root %s is %s, which does not survive '%s'%s." % (root, where, verb, kind)
     if survivors:
         message += " %s would survive it." % " or ".join(survivors)
+        fix = "Set rgt_durable_root to a path under %s." % " or ".join(survivors)
     else:
-        message += " No mount of this profile survives it: pull results before the meter stops."
-    return [finding("durable_root_not_surviving", "warning", message,
+        message += " No mount of this profile survives it."
+        fix = "Pull the results (rgt-run pull) before the meter stops."
+    return [finding("durable_root_not_surviving", "warning", message, fix,
                     {"durable_root": root, "verb": verb, "needs": needed,
                      "mount": mount.get("path") if mount else None, "survivors": survivors})]
 
@@ -337,9 +355,10 @@ def host_findings(report):
         threads = max(int(cpus), 1)
         findings.append(finding(
             "cpu_quota_below_nproc", "info",
-            "The container may use %.2g CPUs but sees %d cores: set OMP_NUM_THREADS=%d "
-            "(rgt does this for the job) or thread pools will oversubscribe." % (
-                cpus, visible, threads),
+            "The container may use %.2g CPUs but sees %d cores: thread pools sized by the core "
+            "count will oversubscribe." % (cpus, visible),
+            "rgt sets OMP_NUM_THREADS=%d for the job; set it yourself in shells you start on the "
+            "box." % threads,
             {"effective_cpus": cpus, "nproc": visible, "omp_num_threads": threads}))
     memory = ((report.get("cgroup") or {}).get("memory")) or {}
     limit = memory.get("limit_bytes")
@@ -347,14 +366,15 @@ def host_findings(report):
     if limit and total and limit != total:
         findings.append(finding(
             "cgroup_memory_limit", "info",
-            "free shows the host's %s; your container has %s (cgroup limit): size "
-            "num_workers by the limit." % (_gib(total), _gib(limit)),
+            "free shows the host's %s; your container has %s (cgroup limit)." % (
+                _gib(total), _gib(limit)),
+            "Size num_workers (and data held in RAM) by the %s limit, not by free." % _gib(limit),
             {"limit_bytes": limit, "mem_total_bytes": total}))
     if memory.get("oom_kill"):
         findings.append(finding(
             "cgroup_oom_baseline", "info",
             "This cgroup has already counted %d OOM kill(s); the monitor compares against "
-            "this baseline." % memory["oom_kill"], {"oom_kill": memory["oom_kill"]}))
+            "this baseline." % memory["oom_kill"], "", {"oom_kill": memory["oom_kill"]}))
     findings += _tool_findings(report)
     return findings
 
@@ -365,21 +385,27 @@ def _tool_findings(report):
     if not tools.get("tmux"):
         findings.append(finding("tool_tmux_missing", "warning",
                                 "tmux is not installed: the job will be detached with nohup "
-                                "(no session to attach to).", {}))
+                                "(no session to attach to).",
+                                "Install tmux on the box (e.g. apt-get install -y tmux) to get a "
+                                "session to attach to; the job runs either way."))
     if not tools.get("rsync"):
         findings.append(finding("tool_rsync_missing", "warning",
                                 "rsync is not installed: transfers cannot resume after a "
-                                "dropped connection.", {}))
+                                "dropped connection.",
+                                "Install rsync on the box (e.g. apt-get install -y rsync)."))
     interp = report.get("interpreter") or {}
     if interp.get("path"):
         if not interp.get("exists"):
             findings.append(finding("interpreter_missing", "warning",
                                     "The job's interpreter %s does not exist on this box."
-                                    % interp["path"], {"path": interp["path"]}))
+                                    % interp["path"],
+                                    "Set rgt_job.python to the absolute path `which python` prints "
+                                    "in the shell you train from on this box.",
+                                    {"path": interp["path"]}))
     elif not tools.get("python3") and not tools.get("python"):
         findings.append(finding("python_missing", "warning",
-                                "Neither python3 nor python is on PATH: give the job an "
-                                "explicit interpreter (rgt_job.python).", {}))
+                                "Neither python3 nor python is on PATH.",
+                                "Give the job an explicit interpreter: rgt_job.python."))
     return findings
 
 
@@ -393,17 +419,8 @@ def evaluate(report, gpu_request=None, profile=None):
     findings += storage_findings(report)
     findings += layout_findings(report, profile)
     findings += host_findings(report)
-    order = dict((s, i) for i, s in enumerate(SEVERITIES))
-    findings.sort(key=lambda f: order.get(f["severity"], len(SEVERITIES)))
+    findings = worst_first(findings)
     verdict = verdict_of(findings)
     return {"findings": findings, "verdict": verdict,
             "exit_hint": 1 if verdict == "fail" else 0}
 
-
-def expand_home(path, home=None):
-    """Expand a leading "~" against the login user's home (profiles use "~")."""
-    if not path:
-        return path
-    if path.startswith("~"):
-        return (home or os.path.expanduser("~")) + path[1:]
-    return path

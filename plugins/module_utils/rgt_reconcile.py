@@ -1,15 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Liveness reconciliation: raw facts of one run -> state, evidence and attention (docs/internals.md "Status").
 
 Pure logic, no I/O: the rgt_status module reads the files and processes on the box and hands them here; the
 unit tests hand the same facts in directly. Python 3.6+ standard library only (module_utils run on the box).
 
-States (domain brief 4.3): the exit record of the current attempt decides when there is one (exit.json, or the
-attempt's end line in attempts.jsonl when exit.json is missing: a wrapper on a full disk); otherwise a live
-wrapper pid under the same incarnation means running (or stalled), a dead wrapper under another incarnation
-means the box restarted (preempted), and a dead wrapper under the same incarnation is dead.
+States (docs/internals.md "Status document"): the exit record of the current attempt decides when there is one
+(exit.json, or the attempt's end line in attempts.jsonl when exit.json is missing: a wrapper on a full disk);
+otherwise a live wrapper pid under the same incarnation means running (or stalled), a dead wrapper under another
+incarnation means the box restarted (preempted), and a dead wrapper under the same incarnation is dead.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -401,7 +401,7 @@ def reconcile(facts):
                     log_age, "" if ckpt_age is None else " and the newest checkpoint %ds" % ckpt_age, stall_after,
                     ", GPUs idle" if idle else ""), log_age_s=_round(log_age), ckpt_age_s=_round(ckpt_age)))
         elif quiet_log and not quiet_ckpt:
-            warnings.append("the log is quiet but checkpoints advance: block-buffered stdout? (U43)")
+            warnings.append("the log is quiet but checkpoints advance: block-buffered stdout?")
         elif quiet_log and idle is False:
             warnings.append("the log is quiet but a GPU is busy: not counted as a stall")
 
@@ -450,7 +450,7 @@ def _oom(facts, attention, baseline):
     now_kills = (facts.get("cgroup") or {}).get("oom_kill")
     if isinstance(now_kills, int) and now_kills > baseline:
         attention.append(_attention("oom_kill", "the cgroup OOM-killed %d process(es) since launch (oom_kill %d, "
-                                    "baseline %d): host-RAM OOM, size num_workers vs memory.max (U9)"
+                                    "baseline %d): host-RAM OOM, size num_workers vs memory.max"
                                     % (now_kills - baseline, now_kills, baseline),
                                     oom_kill=now_kills, baseline=baseline))
 

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """The remote run layout (docs/internals.md "Run spine"): paths, atomic JSON, liveness, checkpoints.
 
 Shared by the launch module, the status module and the wrapper's own copy of the same rules. Runs on the box
@@ -12,6 +14,7 @@ import fcntl
 import fnmatch
 import json
 import os
+import pwd
 import re
 import tempfile
 import time
@@ -80,17 +83,51 @@ def session_name(project, run_id):
     return "rgt-%s/%s" % (project.replace(".", "+"), run_id.replace(".", "+"))
 
 
+# ---- paths on the box (docs/internals.md "Paths on the box"): the one expansion and the one relative-path rule
+
+
+def login_user():
+    """The user this process runs as on the box: what `{user}` means in a profile (its uid's name, else the uid)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def expand_user(text, user=None, home=None):
+    """`{user}` -> the login user (login_user() unless given), then a leading `~` or `~/` -> the login user's home
+    (`home`, else this process's ~). Nothing else changes: `~other/x` and a `~` inside the text stay as written.
+    For profile values that are not necessarily paths (network.env); paths use expand_root."""
+    if not text:
+        return text
+    if "{user}" in text:
+        text = text.replace("{user}", login_user() if user is None else user)
+    if text == "~" or text.startswith("~/"):
+        text = (home or os.path.expanduser("~")).rstrip("/") + text[1:] or "/"
+    return text
+
+
 def expand_root(path, user=None, home=None):
-    """Expand `~` and `{user}` the way profiles write roots."""
-    if not path:
-        return path
-    if user is None:
-        import getpass
-        user = getpass.getuser()
-    path = path.replace("{user}", user)
-    if path == "~" or path.startswith("~/"):
-        path = (home or os.path.expanduser("~")) + path[1:]
-    return os.path.normpath(path)
+    """A profile or job path on the box: expand_user, then os.path.normpath (no trailing or doubled '/')."""
+    path = expand_user(path, user, home)
+    return os.path.normpath(path) if path else path
+
+
+def check_relpath(path):
+    """None when `path` is a safe relative POSIX path (joined under a root, it stays inside it and names the same
+    file on every machine), else the reason. The one rule for declared outputs and checkpoints, manifest entries
+    (capsule and code tree) and the runner's job-spec check: no absolute path or drive prefix (`C:`), no
+    backslash or NUL, no empty, '.' or '..' component."""
+    if not isinstance(path, str) or not path:
+        return "empty or non-string path"
+    if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:", path):
+        return "absolute path"
+    if "\\" in path or "\x00" in path:
+        return "backslash or NUL in path"
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "empty, '.' or '..' component"
+    return None
 
 
 class RunPaths(object):

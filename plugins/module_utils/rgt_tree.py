@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """The shipped code tree: ignore rules, manifest, hash8, the CRLF rule (docs/internals.md "Run spine").
 
 Pure stdlib, Python 3.6+: the manifest side runs on the controller (rgt_tree_manifest), the hashing side also on
@@ -11,7 +13,8 @@ the box (rgt_tree_verify).
   inside. As in git, a file inside an ignored directory cannot be re-included (the directory is not entered).
 - Always ignored, whatever the rules say: ``.git`` (dir or file), ``__pycache__/``, ``.rgt/``.
 - Symlinks are never followed and never shipped; they are listed (``symlinks``) so the caller can warn.
-  Other non-regular files (fifos, sockets, devices) are listed as ``special``.
+  Other non-regular files (fifos, sockets, devices) are listed as ``special``; names that fail the one
+  relative-path rule (rgt_runlayout.check_relpath: a backslash, a leading ``C:``) as ``unsafe``, never shipped.
 - Manifest: ``[{"path", "bytes", "sha256"}]`` sorted by path (code point order = UTF-8 byte order), SHA-256 read
   in 1 MiB chunks. ``tree_hash`` = SHA-256 of the concatenated ``"<path>\\0<sha256>\\n"`` lines; hash8 = its first
   8 hex digits (same tree => same ``code-<hash8>`` dir).
@@ -29,11 +32,13 @@ import re
 import stat
 from shlex import quote
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath
+
 CHUNK = 1024 * 1024
 ALWAYS_IGNORED_DIRS = ("__pycache__", ".rgt")
 ALWAYS_IGNORED_ANY = (".git",)
 IGNORE_FILES = (".rgtignore", ".gitignore")
-# What counts as a script for the CRLF rule (gotcha U26), the one rule for upload_resume and env_check: a file a
+# What counts as a script for the CRLF rule, the one rule for upload_resume and env_check: a file a
 # shell or the kernel reads line by line, where a CR before the LF becomes part of the last word of the line (an
 # argument arrives as `ok\r`, `$'\r': command not found`, `/usr/bin/env: 'python\r'`). That is a shell script by
 # its suffix, or any file that starts with a shebang (`#!`, run as `./file`). Python without a shebang is read with
@@ -205,6 +210,7 @@ class Walk(object):
         self.symlinks = []  # relpaths of symlinks (never followed, never shipped)
         self.special = []  # fifos, sockets, devices
         self.undecodable = []  # names that are not valid UTF-8 (repr)
+        self.unsafe = []  # names the relative-path rule refuses (a backslash, a drive prefix)
         self.ignored_count = 0  # ignored entries; an ignored directory counts once
 
 
@@ -234,6 +240,9 @@ def walk_tree(root, rules):
             if always_ignored(name, is_dir) or rules.ignored(rel, is_dir):
                 result.ignored_count += 1
                 continue
+            if check_relpath(rel) is not None:
+                result.unsafe.append(rel)
+                continue
             if is_link:
                 result.symlinks.append(rel)
             elif is_dir:
@@ -242,7 +251,7 @@ def walk_tree(root, rules):
                 result.files.append(rel)
             else:
                 result.special.append(rel)
-    for lst in (result.files, result.symlinks, result.special, result.undecodable):
+    for lst in (result.files, result.symlinks, result.special, result.undecodable, result.unsafe):
         lst.sort()
     return result
 
@@ -361,16 +370,19 @@ def build_manifest(root, ignore_file=None):
         "symlinks": walk.symlinks,
         "special": walk.special,
         "undecodable": walk.undecodable,
+        "unsafe": walk.unsafe,
         "skipped": skipped(walk),
     }
 
 
 def skipped(walk):
     """Everything a walk found and will not ship, as [{"path", "kind"}] sorted by path; kind is symlink, special
-    (fifo, socket, device) or undecodable (a name that is not valid UTF-8, shown as its repr)."""
+    (fifo, socket, device), undecodable (a name that is not valid UTF-8, shown as its repr) or unsafe (a name the
+    relative-path rule refuses: a backslash, a drive prefix)."""
     items = [{"path": rel, "kind": "symlink"} for rel in walk.symlinks]
     items += [{"path": rel, "kind": "special"} for rel in walk.special]
     items += [{"path": rel, "kind": "undecodable"} for rel in walk.undecodable]
+    items += [{"path": rel, "kind": "unsafe"} for rel in walk.unsafe]
     return sorted(items, key=lambda item: item["path"])
 
 
@@ -380,14 +392,6 @@ def files_from_bytes(manifest):
 
 
 # ---------------------------------------------------------------------------------------------------- verify
-
-
-def safe_relpath(rel):
-    """True for a relative, normalised path without '..' (manifest input is checked before any join)."""
-    if not rel or rel.startswith("/") or "\0" in rel:
-        return False
-    parts = rel.split("/")
-    return all(part not in ("", ".", "..") for part in parts)
 
 
 def verify_tree(root, manifest, list_limit=200):
@@ -401,8 +405,9 @@ def verify_tree(root, manifest, list_limit=200):
            "bytes": sum(int(item["bytes"]) for item in manifest)}
     wanted = set()
     for item in manifest:
-        if not safe_relpath(item["path"]):
-            raise TreeError("unsafe manifest path %r" % (item["path"],))
+        reason = check_relpath(item["path"])
+        if reason:
+            raise TreeError("unsafe manifest path %r: %s" % (item["path"], reason))
         wanted.add(item["path"])
     if not doc["exists"]:
         doc["missing_count"] = len(manifest)
@@ -453,7 +458,7 @@ def remove_extra(root, extra, keep):
     """Delete extra files (and directories left empty that hold no kept file) under root; returns the count."""
     removed = 0
     for rel in extra:
-        if not safe_relpath(rel):
+        if check_relpath(rel) is not None:  # never delete outside root
             continue
         path = os.path.join(root, rel)
         try:

@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Close out a finished run on the box: build, validate and seal export/<run_id>, write its manifest."""
 
 from __future__ import absolute_import, division, print_function

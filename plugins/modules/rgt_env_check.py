@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import absolute_import, division, print_function
 
@@ -39,7 +39,8 @@ options:
   python:
     description:
       - Absolute path of the interpreter the job will run with (from C(rgt_job.python) or the profile's
-        C(env_contract.interpreter)). A leading C(~) is expanded for the login user.
+        C(env_contract.interpreter)). A leading C(~) and C({user}) are expanded for the login user
+        (rgt_runlayout.expand_root).
       - The module fails when the path is not absolute, does not exist or is not executable.
     type: str
     required: true
@@ -157,7 +158,8 @@ env_report:
       elements: dict
       sample: [{path: /root/proj/run.sh, lines: [1, 2, 3], count: 3}]
     findings:
-      description: Each C(id), C(severity) (critical, warning, info), C(message) and C(fix).
+      description: Each C(id), C(severity) (critical, warning, info), C(message), C(fix) and C(data), built by
+        rgt_findings.finding (the shape every phase shares; docs/internals.md "Findings").
       type: list
       elements: dict
     verdict:
@@ -168,13 +170,14 @@ env_report:
 
 import json
 import os
-import pwd
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_envcheck as ec
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_tree as tree
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding, verdict
 
 HOOK_TIMEOUT_S = 30
 SMI_TIMEOUT_S = 30
@@ -248,15 +251,9 @@ def _run(argv, env, timeout):
 
 
 def expand_value(value):
-    """Profile env values may start with ~ and contain {user}; resolve both for the login user."""
-    text = "" if value is None else str(value)
-    if "{user}" in text:
-        try:
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except KeyError:
-            user = str(os.getuid())
-        text = text.replace("{user}", user)
-    return os.path.expanduser(text) if text.startswith("~") else text
+    """Profile env values may start with ~ and contain {user}; resolve both for the login user (not a path:
+    not normalised)."""
+    return rl.expand_user("" if value is None else str(value))
 
 
 def run_hook(hook, base_env, findings):
@@ -264,23 +261,23 @@ def run_hook(hook, base_env, findings):
     script = "{\n%s\n} 1>&2\nprintf '%%s=%%s\\0' RGT_HOOK_RC \"$?\"\nexec env -0\n" % hook
     rc, out, _err = _run(["bash", "-c", script], base_env, HOOK_TIMEOUT_S)
     if rc is None:
-        findings.append(ec.finding("proxy_hook_timeout", "critical",
-                                   "the profile's proxy hook did not finish within %ds" % HOOK_TIMEOUT_S,
-                                   "fix network.proxy_hook in the profile; it must return promptly"))
+        findings.append(finding("proxy_hook_timeout", "critical",
+                                "the profile's proxy hook did not finish within %ds" % HOOK_TIMEOUT_S,
+                                "fix network.proxy_hook in the profile; it must return promptly"))
         return dict(base_env), None
     env = ec.parse_env0(out)
     hook_rc = env.pop("RGT_HOOK_RC", None)
     if rc == -1 or hook_rc is None:
-        findings.append(ec.finding("proxy_hook_broken", "critical",
-                                   "the profile's proxy hook could not run or exited its shell "
-                                   "(bash rc %s)" % rc,
-                                   "the hook must be a line bash can source; do not call exit in it"))
+        findings.append(finding("proxy_hook_broken", "critical",
+                                "the profile's proxy hook could not run or exited its shell "
+                                "(bash rc %s)" % rc,
+                                "the hook must be a line bash can source; do not call exit in it"))
         return dict(base_env), None
     hook_rc = int(hook_rc) if hook_rc.isdigit() else hook_rc
     if hook_rc != 0:
-        findings.append(ec.finding("proxy_hook_rc", "warning",
-                                   "the profile's proxy hook returned rc %s" % hook_rc,
-                                   "append '|| true' only if a missing hook is acceptable on this box"))
+        findings.append(finding("proxy_hook_rc", "warning",
+                                "the profile's proxy hook returned rc %s" % hook_rc,
+                                "append '|| true' only if a missing hook is acceptable on this box"))
     return env, hook_rc
 
 
@@ -363,7 +360,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    python = os.path.expanduser(p["python"] or "")
+    python = rl.expand_root(p["python"] or "")
     fix = ("set rgt_job.python (or the profile's env_contract.interpreter) to the absolute path of the "
            "prebuilt environment's interpreter, e.g. the output of `which python` in the shell you train "
            "from; rgt never guesses it and never creates an env")
@@ -401,20 +398,20 @@ def main():
 
     smi = nvidia_smi(env)
     if smi["state"] in ("failed", "timeout"):
-        findings.append(ec.finding("nvidia_smi_" + smi["state"], "critical",
-                                   "nvidia-smi is installed but %s: the driver is not usable" % (
+        findings.append(finding("nvidia_smi_" + smi["state"], "critical",
+                                "nvidia-smi is installed but %s: the driver is not usable" % (
                                        "failed" if smi["state"] == "failed" else "hung"),
-                                   "reboot/replace the box, or run on a node with a working driver"))
+                                "reboot/replace the box, or run on a node with a working driver"))
     if smi["state"] == "no_devices":
-        findings.append(ec.finding("no_gpus", "warning",
-                                   "nvidia-smi runs but finds no GPUs (a no-GPU/CPU-only start mode?)",
-                                   "restart the instance with GPUs attached before launching a GPU job"))
+        findings.append(finding("no_gpus", "warning",
+                                "nvidia-smi runs but finds no GPUs (a no-GPU/CPU-only start mode?)",
+                                "restart the instance with GPUs attached before launching a GPU job"))
     gpus_present = None if smi["gpu_count"] is None else smi["gpu_count"] > 0
 
     info, error = probe_interpreter(python, env, p["timeout"])
     if info is None:
-        findings.append(ec.finding("interpreter_probe_failed", "critical", "%s (%s)" % (error, python),
-                                   "run `%s -c 'import sys; print(sys.executable)'` on the box" % python))
+        findings.append(finding("interpreter_probe_failed", "critical", "%s (%s)" % (error, python),
+                                "run `%s -c 'import sys; print(sys.executable)'` on the box" % python))
         info = {"executable": python, "torch": {"present": False}}
     torch_info = info.get("torch") or {"present": False}
     info["conda_env"] = ec.conda_env_name(info.get("prefix") or "", info.get("conda_meta"),
@@ -427,14 +424,14 @@ def main():
         if os.path.isdir(p["scripts_dir"]):
             crlf, truncated = scan_crlf(p["scripts_dir"])
             if truncated:
-                findings.append(ec.finding("crlf_scan_truncated", "info",
-                                           "stopped the CRLF scan after %d scripts" % CRLF_MAX_FILES, ""))
+                findings.append(finding("crlf_scan_truncated", "info",
+                                        "stopped the CRLF scan after %d scripts" % CRLF_MAX_FILES, ""))
         else:
-            findings.append(ec.finding("scripts_dir_missing", "info",
-                                       "scripts_dir %s does not exist yet; CRLF scan skipped"
-                                       % p["scripts_dir"], ""))
+            findings.append(finding("scripts_dir_missing", "info",
+                                    "scripts_dir %s does not exist yet; CRLF scan skipped"
+                                    % p["scripts_dir"], ""))
     for item in crlf:
-        findings.append(ec.finding(
+        findings.append(finding(
             "crlf", "critical",
             "%s has CRLF line ends (%d lines, first at line %d): bash fails with $'\\r': command not found"
             % (item["path"], item["count"], item["lines"][0]),
@@ -460,7 +457,7 @@ def main():
         "network_env": {"names": sorted(p["network_env"])},
         "crlf": crlf,
         "findings": findings,
-        "verdict": ec.verdict(findings),
+        "verdict": verdict(findings),
     }
     module.exit_json(changed=False, env_report=report)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: audit a GPU box in one round trip (rgt probe phase)."""
 
 from __future__ import absolute_import, division, print_function
@@ -37,7 +37,8 @@ options:
     elements: str
     default: []
   durable_root:
-    description: The run layout's durable root (C(~) expands to the login user's home).
+    description: The run layout's durable root. C(~) and C({user}) are expanded on the box for the login user, in
+      every path option (rgt_runlayout.expand_root).
     type: str
   scratch_root:
     description: The scratch root; inspected with C(df) like O(paths).
@@ -55,7 +56,7 @@ options:
     type: dict
     default: {}
   python:
-    description: Explicit interpreter path of the job; its existence is checked.
+    description: Explicit interpreter path of the job (C(~) and C({user}) expanded); its existence is checked.
     type: str
   create_layout:
     description: Create C(<durable_root>/<project>/export/.partial) (and parents) before the
@@ -93,7 +94,7 @@ RETURN = r"""
 report:
   description: >-
     All collected facts, JSON-able, schema_version 1. Keys: schema_version, collected_at,
-    host {hostname, home, uptime_s}, gpu {smi, failure, driver_version, cuda_version, gpus[],
+    host {hostname, home, user, uptime_s}, gpu {smi, failure, driver_version, cuda_version, gpus[],
     mig_devices[], compute_apps[], table_processes_state, raw_errors}, kernel_log {readable,
     source, error, xids[], fallen_off_bus[], codes[], verdict}, storage {command, mounts[],
     missing_paths[], error}, cgroup {version, path, memory {limit_bytes, unlimited,
@@ -105,10 +106,29 @@ report:
   returned: always
   type: dict
 findings:
-  description: List of {id, severity (critical|warning|info), message, data}, worst first.
+  description: >-
+    Worst first; each built by rgt_findings.finding, the shape every phase shares (docs/internals.md
+    "Findings").
   returned: always
   type: list
   elements: dict
+  contains:
+    id:
+      description: Stable identifier (C(gpu_none), C(disk_inodes_full), C(gpu_xid_79), ...).
+      type: str
+    severity:
+      description: C(critical), C(warning) or C(info).
+      type: str
+    message:
+      description: What is wrong on this box.
+      type: str
+    fix:
+      description: What the user does about it (re-rent, free space, move the durable root...); empty when
+        there is nothing to do.
+      type: str
+    data:
+      description: The facts behind the message, for machines; empty when none.
+      type: dict
 verdict:
   description: C(fail) if any finding is critical, C(warn) if any is a warning, else C(ok).
   returned: always
@@ -120,7 +140,6 @@ exit_hint:
 """
 
 import datetime
-import getpass
 import os
 import shutil
 import socket
@@ -129,6 +148,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu, rgt_host, rgt_probe_eval
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read, run
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import expand_root, login_user
 
 QUERY_GPU_FIELDS = ["index", "uuid", "name", "pci.bus_id", "driver_version", "memory.total",
                     "memory.used", "utilization.gpu", "temperature.gpu", "clocks.sm",
@@ -364,11 +384,11 @@ def collect_interpreter(path):
 
 def build_report(params, check_mode):
     home = os.path.expanduser("~")
-    user = getpass.getuser()
+    user = login_user()
 
     def expand(path):
-        # profiles may say ~ or {user} (e.g. /scratch/{user}/rgt-runs): resolve them on the box
-        return rgt_probe_eval.expand_home((path or "").replace("{user}", user), home) if path else path
+        # profiles may say ~ or {user} (e.g. /scratch/{user}/rgt-runs): resolved on the box, the one way
+        return expand_root(path, user=user, home=home)
 
     durable = expand(params["durable_root"])
     scratch = expand(params["scratch_root"])
@@ -385,7 +405,7 @@ def build_report(params, check_mode):
         "schema_version": 1,
         "collected_at": datetime.datetime.now(datetime.timezone.utc).replace(
             microsecond=0).isoformat(),
-        "host": {"hostname": socket.gethostname(), "home": home,
+        "host": {"hostname": socket.gethostname(), "home": home, "user": user,
                  "uptime_s": rgt_host.parse_uptime(read("/proc/uptime") or "")},
         "gpu": collect_gpu(tools.get("nvidia-smi"), timeout),
         "kernel_log": collect_kernel_log(timeout),
@@ -395,7 +415,7 @@ def build_report(params, check_mode):
         "memory": {"mem_total_bytes": meminfo.get("MemTotal")},
         "tools": tools,
         "layout": collect_layout(durable, params["project"], params["create_layout"], check_mode),
-        "interpreter": collect_interpreter(params["python"]),
+        "interpreter": collect_interpreter(expand(params["python"])),
         "gpu_request": params["gpu_request"] or {},
         "profile_name": profile.get("name"),
     }

@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Verify a pulled capsule on the controller against the box's manifest; write PULL_VERIFIED.json."""
 
 from __future__ import absolute_import, division, print_function

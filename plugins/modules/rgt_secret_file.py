@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import absolute_import, division, print_function
 
@@ -85,24 +85,18 @@ mode:
 import hashlib
 import hmac
 import os
-import pwd
 import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes
 
-
-def login_user():
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout
 
 
 def resolve(path):
-    """Apply the profile placeholder {user} (login user); `~` was already expanded by the path type."""
-    return os.path.expanduser(path.replace("{user}", login_user())) if path else path
+    """A profile path on the box: `{user}` and a leading `~` (the one expansion, module_utils/rgt_runlayout)."""
+    return rgt_runlayout.expand_root(path) if path else path
 
 
 def parse_mode(module, value):

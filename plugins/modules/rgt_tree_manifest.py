@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 
 from __future__ import absolute_import, division, print_function
 
@@ -24,7 +24,8 @@ description:
     each line's last word (an argument C(ok\\r), C($'\\r': command not found)); CRLF in other files (C(.csv),
     C(.py) without a shebang) is fine. With O(crlf=refuse) the module fails naming each script and the fix."
   - Lists what it skips, with a warning each - symlinks (never followed), non-regular files (fifos, sockets,
-    devices) and names that are not valid UTF-8 - and returns them all in C(skipped) (C(path), C(kind)).
+    devices), names that are not valid UTF-8 and names the relative-path rule refuses (a backslash, a leading
+    C(C:)) - and returns them all in C(skipped) (C(path), C(kind)).
   - With I(files_from), writes the NUL-separated path list for C(rsync --from0 --files-from=FILE).
 author:
   - rgt contributors
@@ -117,8 +118,15 @@ undecodable:
   returned: always
   type: list
   elements: str
+unsafe:
+  description: Names skipped because the relative-path rule refuses them (a backslash, a leading drive prefix
+    such as C(C:)); see rgt_runlayout.check_relpath.
+  returned: always
+  type: list
+  elements: str
 skipped:
-  description: Everything skipped and never shipped, sorted by path; kind is symlink, special or undecodable.
+  description: Everything skipped and never shipped, sorted by path; kind is symlink, special, undecodable or
+    unsafe.
   returned: always
   type: list
   elements: dict
@@ -163,6 +171,9 @@ def main():
         module.warn("skipping non-regular file %s" % rel)
     for rel in doc["undecodable"]:
         module.warn("skipping %s: the name is not valid UTF-8" % rel)
+    for rel in doc["unsafe"]:
+        module.warn("skipping %s: a backslash or a drive prefix in a name means another path on another machine"
+                    % rel)
     if doc["crlf_scripts"] and module.params["crlf"] == "refuse":
         module.fail_json(msg=crlf_refusal(doc["src"], doc["crlf_scripts"]), files_from=None, **doc)
     doc["files_from"] = None

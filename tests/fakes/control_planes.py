@@ -1,4 +1,4 @@
-"""Fake cloud control planes on 127.0.0.1, one class per platform, shaped after /work/shared/platform-apis.md.
+"""Fake cloud control planes on 127.0.0.1, one class per platform, shaped after each platform's documented REST API.
 
 Each fake is stateful (an `instances` dict), records every request (method, path, query, headers with the
 Authorization value replaced by "<redacted>", parsed body) and has knobs for the unpleasant parts:

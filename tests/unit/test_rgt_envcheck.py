@@ -10,6 +10,7 @@ if str(COLLECTIONS) not in sys.path:  # tests/conftest.py normally does this
     sys.path.insert(0, str(COLLECTIONS))
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_envcheck as ec  # noqa: E402
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_findings  # noqa: E402
 
 SMI_HEADER = """Mon Nov 30 09:33:26 2026
 +-----------------------------------------------------------------------------------------+
@@ -78,13 +79,13 @@ def test_torch_minor_newer_and_unavailable_is_critical_driver_too_old():
                            gpus_present=True)
     assert ids(out) == ["torch_cuda_newer_than_driver"]
     assert "found version 12020" in out[0]["message"]
-    assert ec.verdict(out) == "fail"
+    assert rgt_findings.verdict(out) == "fail"
 
 
 def test_torch_minor_newer_but_available_is_only_a_warning():
     out = ec.cuda_findings("12.2", torch_info("12.4", available=True), gpus_present=True)
     assert ids(out) == ["torch_cuda_minor_newer_than_driver"]
-    assert ec.verdict(out) == "warn"
+    assert rgt_findings.verdict(out) == "warn"
 
 
 def test_unavailable_with_gpus_present_is_critical():
@@ -142,13 +143,6 @@ def test_no_kernel_image_detection(capability, arch_list, ok):
 
 
 # ---- verdict and policy --------------------------------------------------------------------------
-
-def test_verdict_levels():
-    assert ec.verdict([]) == "ok"
-    assert ec.verdict([ec.finding("a", "info", "m")]) == "ok"
-    assert ec.verdict([ec.finding("a", "warning", "m"), ec.finding("b", "info", "m")]) == "warn"
-    assert ec.verdict([ec.finding("a", "warning", "m"), ec.finding("b", "critical", "m")]) == "fail"
-
 
 @pytest.mark.parametrize("verdict,policy,stops", [
     ("fail", "critical", True), ("warn", "critical", False), ("warn", "warning", True),

@@ -1,4 +1,4 @@
-"""Every role documents itself (style.md): each default is an argument_specs option and appears in the README."""
+"""Every role documents itself: each default is an argument_specs option and appears in the README."""
 
 from pathlib import Path
 
