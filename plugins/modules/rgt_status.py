@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: the status of one run in one round trip (rgt monitor phase)."""
 
 from __future__ import absolute_import, division, print_function
@@ -40,6 +40,20 @@ options:
     description: KiB read from the end of C(logs/job.log) for step, loss, NaN and spike detection.
     type: int
     default: 256
+  history_kb:
+    description:
+      - KiB read from the end of C(logs/job.log) and of C(.rgt/gpu.csv) for the C(history) key (loss over steps
+        per attempt, GPU samples per GPU, idle stretches, the attempt records, the last error line of the log).
+        The points are thinned to a few hundred, so the document stays small. C(0) leaves C(history) out.
+    type: int
+    default: 1024
+  other_run_ids:
+    description:
+      - More runs of the same project on this box, reported in the same call (one round trip) under
+        C(other_runs), each a status document of its own. Each id must be a plain name like C(run_id).
+    type: list
+    elements: str
+    default: []
 notes:
   - Check mode is supported; the module never changes anything, so it runs the same in check mode.
 author:
@@ -68,7 +82,12 @@ status:
     value, median}, gpu [{index, util_pct, mem_used_mib, mem_total_mib}], gpu_source (gpu.csv, nvidia-smi or
     null), mounts [{path, bytes_pct, inodes_pct}], cgroup {mem_limit_bytes, mem_usage_bytes, oom_kill},
     outputs_missing, elapsed_s, expected_duration_s, cost_so_far, price_per_hour, auto_resume,
-    attention [{id, message, ...}], warnings, collected_at. Non-finite numbers are the strings nan, inf, -inf.
+    attention [{id, message, ...}], warnings, collected_at, history {schema, loss {points [[attempt, step, loss]],
+    attempts [{attempt, first_step, last_step, losses}], truncated}, log_error {line, traceback} or null, gpu
+    {series {index: [[ts, util_pct, mem_used_mib, mem_total_mib]]}, idle [{index, start, end, samples}],
+    interval_s, samples, truncated}, attempts [attempts.jsonl records]} (absent when history_kb is 0),
+    other_runs [status documents of other_run_ids, same keys] (absent without other_run_ids).
+    Non-finite numbers are the strings nan, inf, -inf.
   returned: always
   type: dict
 """
@@ -82,6 +101,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
     rgt_gpu,
+    rgt_history,
     rgt_host,
     rgt_outputs,
     rgt_reconcile,
@@ -267,7 +287,17 @@ def collect(params):
     doc["gpu_source"] = gpu_source
     doc["price_per_hour"] = (job or {}).get("price_per_hour")
     doc["collected_at"] = now
+    if params.get("history_kb"):
+        doc["history"] = collect_history(paths, job, attempts, params["history_kb"] * 1024)
     return doc
+
+
+def collect_history(paths, job, attempts, max_bytes):
+    """The run's history for the report (module_utils/rgt_history): bounded reads, thinned points."""
+    log_text, log_partial = read_tail(paths.log, max_bytes)
+    gpu_text, gpu_partial = read_tail(paths.gpu, max_bytes)
+    return rgt_history.build(log_text, log_partial, gpu_text, gpu_partial, attempts,
+                             (job or {}).get("log_patterns"))
 
 
 def main():
@@ -276,11 +306,16 @@ def main():
             rgt_runlayout.RUN_LAYOUT_ARGS,
             mounts=dict(type="list", elements="str", default=[]),
             log_tail_kb=dict(type="int", default=256),
+            history_kb=dict(type="int", default=1024),
+            other_run_ids=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
     try:
         status = collect(module.params)
+        others = [collect(dict(module.params, run_id=run_id)) for run_id in module.params["other_run_ids"]]
+        if others:
+            status["other_runs"] = others
     except ValueError as exc:  # a project or run id that is not a plain name: no path is built from it
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, status=status)

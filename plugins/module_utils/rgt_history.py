@@ -1,0 +1,261 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
+"""A run's history from what the box already records, small enough to travel with every status document.
+
+Pure functions (no I/O but what the caller hands in), Python 3.6+, stdlib only. Used by the rgt_status module
+(the `history` key of the status document) and, through rgt.paths.module_util, by the runner's report.
+
+- loss over steps, per attempt, from logs/job.log (the wrapper's `== rgt attempt N started` lines split it);
+- GPU utilisation and memory over time, per GPU, from the wrapper's .rgt/gpu.csv, and the idle stretches;
+- the attempt records of .rgt/attempts.jsonl as written, and the last error line of the log.
+Bounded: the caller reads at most a fixed number of bytes from the end of each file; points are thinned to a
+fixed count (first, last and non-finite points always kept), GPU samples averaged into time buckets.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import math
+import re
+
+SCHEMA = 1
+MAX_LOSS_POINTS = 600
+MAX_GPU_POINTS = 240
+MAX_IDLE_STRETCHES = 50
+GPU_IDLE_PCT = 5
+DEFAULT_STEP_PATTERN = r"step[=: ]\s*(\d+)"
+DEFAULT_LOSS_PATTERN = r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"
+ATTEMPT_MARKER = re.compile(r"^== rgt attempt (\d+) started")
+ERROR_LINE = re.compile(r"(Traceback \(most recent call last\)|\b\w*(Error|Exception)\b:|CUDA out of memory|"
+                        r"\bKilled\b|Segmentation fault|core dumped)")
+RESUME_STEP = re.compile(r"(\d+)(?!.*\d)")
+
+
+def _compile(pattern, default):
+    try:
+        return re.compile(pattern or default)
+    except (re.error, TypeError):
+        return re.compile(default)
+
+
+def _number(value):
+    """A float for JSON: non-finite values travel as the strings nan, inf, -inf."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _parse_float(text):
+    text = (text or "").strip().rstrip(".,;")
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def thin(items, limit, keep=None):
+    """At most about `limit` items, evenly spread; the first, the last and every index in `keep` are kept."""
+    n = len(items)
+    if n <= limit:
+        return list(items)
+    chosen = set(i for i in (keep or ()) if 0 <= i < n)
+    chosen.update((0, n - 1))
+    room = limit - len(chosen)
+    if room > 1:
+        stride = (n - 1) / float(room - 1)
+        chosen.update(int(round(k * stride)) for k in range(room))
+    return [items[i] for i in sorted(chosen)]
+
+
+ERROR_WINDOW = 64 * 1024
+EDGE_LINES = 20
+BACK_LINES = 5
+
+
+def _segments(text):
+    """[(attempt or None, lines)] split at the wrapper's `== rgt attempt N started` lines (str.find, no regex
+    over the whole text: a 4 MiB log costs milliseconds)."""
+    out, pos, attempt, at = [], 0, None, 0
+    while True:
+        at = text.find("== rgt attempt ", at)
+        if at < 0:
+            break
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        match = ATTEMPT_MARKER.match(text[at:end]) if at == 0 or text[at - 1] == "\n" else None
+        if match:
+            out.append((attempt, text[pos:at]))
+            attempt, pos = int(match.group(1)), end + 1
+        at = end
+    out.append((attempt, text[pos:]))
+    return [(a, [ln for ln in body.splitlines() if not ln.startswith("== rgt attempt ")])
+            for a, body in out if a is not None or body.strip()]
+
+
+def _step_of(step_re, line):
+    match = step_re.search(line)
+    if not match:
+        return None
+    try:
+        return int(match.group(1) if match.groups() else match.group(0))
+    except (ValueError, IndexError):
+        return None
+
+
+def _last_error(text):
+    """(line, traceback seen) of the last error-looking line near the end of an attempt's log."""
+    window = text[-ERROR_WINDOW:]
+    line, traceback = None, False
+    for match in ERROR_LINE.finditer(window):
+        start = window.rfind("\n", 0, match.start()) + 1
+        stop = window.find("\n", match.end())
+        line = window[start:stop if stop >= 0 else len(window)].strip()[:200]
+        traceback = traceback or match.group(0).startswith("Traceback")
+    return line, traceback
+
+
+def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_LOSS_POINTS):
+    """{points: [[attempt, step, loss]], attempts: [{attempt, first_step, last_step, losses}], error_line (the
+    last error-looking line of the newest attempt), traceback (bool), truncated}. Lines before the first attempt
+    marker (a tail that began mid-run) belong to attempt None.
+
+    Bounded work on a long log: per attempt, only an even sample of its lines (about 2 x max_points overall) and
+    its first and last EDGE_LINES lines are parsed (a non-finite loss between samples is the status document's
+    `nonfinite_loss`); a loss line without a step takes the step of the nearest of the BACK_LINES lines before
+    it."""
+    patterns = patterns or {}
+    step_re = _compile(patterns.get("step"), DEFAULT_STEP_PATTERN)
+    loss_re = _compile(patterns.get("loss"), DEFAULT_LOSS_PATTERN)
+    text = text or ""
+    if partial_first_line:
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+    segments = _segments(text)
+    total = sum(len(lines) for _a, lines in segments) or 1
+    points, per_attempt = [], {}
+    for attempt, lines in segments:
+        slot = per_attempt.setdefault(attempt, {"attempt": attempt, "first_step": None, "last_step": None,
+                                                "losses": 0})
+        n = len(lines)
+        stride = max(1, int(n / max(1.0, 2.0 * max_points * n / total)))
+        chosen = set(range(0, n, stride))
+        chosen.update(range(min(n, EDGE_LINES)))
+        chosen.update(range(max(0, n - EDGE_LINES), n))
+        for i in sorted(chosen):
+            line = lines[i]
+            step = _step_of(step_re, line)
+            if step is not None:
+                if slot["first_step"] is None:
+                    slot["first_step"] = step
+                slot["last_step"] = step if slot["last_step"] is None else max(slot["last_step"], step)
+            lmatch = loss_re.search(line)
+            if not lmatch:
+                continue
+            loss = _parse_float(lmatch.group(1) if lmatch.groups() else lmatch.group(0))
+            if loss is None:
+                continue
+            back = i - 1
+            while step is None and back >= max(0, i - BACK_LINES):
+                step = _step_of(step_re, lines[back])
+                back -= 1
+            if step is None:
+                continue
+            slot["losses"] += 1
+            points.append([attempt, step, _number(loss)])
+    error_line, traceback = _last_error("\n".join(segments[-1][1])) if segments else (None, False)
+    keep = [i for i, p in enumerate(points) if isinstance(p[2], str)][:50]
+    # every attempt's first and last point too: a relaunch must stay visible however thin the curve
+    seen = {}
+    for i, p in enumerate(points):
+        seen.setdefault(p[0], [i, i])[1] = i
+    for first, last in seen.values():
+        keep.extend((first, last))
+    return {"points": thin(points, max_points, keep), "attempts": [per_attempt[k] for k in sorted(
+        per_attempt, key=lambda a: -1 if a is None else a)], "error_line": error_line,
+        "traceback": traceback, "truncated": bool(partial_first_line)}
+
+
+def _gpu_num(text):
+    text = (text or "").strip()
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def gpu_history(text, partial_first_line=False, max_points=MAX_GPU_POINTS, idle_pct=GPU_IDLE_PCT):
+    """gpu.csv ("ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c") -> {series: {index: [[ts, util, mem_used,
+    mem_total]]} (time buckets: mean util, max memory), idle: [{index, start, end, samples}], interval_s,
+    samples, truncated}."""
+    lines = (text or "").splitlines()
+    if partial_first_line and lines:
+        lines = lines[1:]
+    raw = {}
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5:
+            continue
+        ts, index = _gpu_num(cells[0]), _gpu_num(cells[1])
+        if ts is None or index is None:
+            continue  # the header
+        raw.setdefault(int(index), []).append((ts, _gpu_num(cells[2]), _gpu_num(cells[3]), _gpu_num(cells[4])))
+    series, idle, gaps = {}, [], []
+    for index in sorted(raw):
+        rows = sorted(raw[index])
+        gaps.extend(rows[i][0] - rows[i - 1][0] for i in range(1, len(rows)) if rows[i][0] > rows[i - 1][0])
+        idle.extend(_idle_stretches(index, rows, idle_pct))
+        series[str(index)] = _buckets(rows, max_points)
+    interval = sorted(gaps)[len(gaps) // 2] if gaps else None
+    return {"series": series, "idle": idle[:MAX_IDLE_STRETCHES], "interval_s": interval,
+            "samples": sum(len(r) for r in raw.values()), "truncated": bool(partial_first_line)}
+
+
+def _idle_stretches(index, rows, idle_pct):
+    """Runs of at least two consecutive samples at or below idle_pct utilisation: {index, start, end, samples}."""
+    out, run = [], []
+    for row in rows + [None]:
+        if row is not None and row[1] is not None and row[1] <= idle_pct:
+            run.append(row)
+            continue
+        if len(run) >= 2:
+            out.append({"index": index, "start": run[0][0], "end": run[-1][0], "samples": len(run)})
+        run = []
+    return out
+
+
+def _buckets(rows, limit):
+    if len(rows) <= limit:
+        return [[r[0], r[1], r[2], r[3]] for r in rows]
+    start, end = rows[0][0], rows[-1][0]
+    width = (end - start) / float(limit) or 1.0
+    buckets = {}
+    for row in rows:
+        buckets.setdefault(min(limit - 1, int((row[0] - start) / width)), []).append(row)
+    out = []
+    for key in sorted(buckets):
+        group = buckets[key]
+        utils = [r[1] for r in group if r[1] is not None]
+        mems = [r[2] for r in group if r[2] is not None]
+        totals = [r[3] for r in group if r[3] is not None]
+        out.append([group[0][0], round(sum(utils) / len(utils), 1) if utils else None,
+                    max(mems) if mems else None, max(totals) if totals else None])
+    return out
+
+
+def resume_step(resume_from):
+    """The step a checkpoint path names (the last number in its file name), or None."""
+    name = str(resume_from or "").rstrip("/").rsplit("/", 1)[-1]
+    match = RESUME_STEP.search(name)
+    return int(match.group(1)) if match else None
+
+
+def build(log_text, log_partial, gpu_text, gpu_partial, attempts, patterns=None):
+    """The `history` key of the status document."""
+    log = loss_history(log_text, patterns, log_partial)
+    keep = ("attempt", "started_at", "ended_at", "rc", "signal", "reason", "resume_from", "noted_at")
+    records = [dict((k, r.get(k)) for k in keep if k in r) for r in attempts or [] if isinstance(r, dict)]
+    return {"schema": SCHEMA, "loss": {"points": log["points"], "attempts": log["attempts"],
+                                       "truncated": log["truncated"]},
+            "log_error": {"line": log["error_line"], "traceback": log["traceback"]} if log["error_line"] else None,
+            "gpu": gpu_history(gpu_text, gpu_partial), "attempts": records}

@@ -1,0 +1,640 @@
+"""`rgt-run report`: one self-contained HTML page per run, with plots, cost and lost compute (docs/report.md).
+
+The data is what the box already records, fetched in the status round trip (the `history` key of the status
+document: loss over steps per attempt from job.log, the wrapper's GPU samples, attempts.jsonl), plus what the
+controller knows: the pull's PULL_VERIFIED marker and the teardown record. The page (`runs/<run_id>/report.html`)
+embeds its PNGs as data: URIs, so it opens anywhere with no network; the PNGs are written beside it too, and the
+data behind it as `runs/<run_id>/<host>.report.json` (a later report of a box that is gone reads it back).
+
+`run_facts` (pure) turns one status document into the figures; `glance` turns several into the one line `watch`
+ends with and every notification carries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from rgt import errors
+from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json, runs_dir
+
+HELP = "write a report per run: loss over steps, GPU use, attempts, cost, compute lost to preemptions (HTML + PNG)"
+DESCRIPTION = """\
+Look at each box once (read-only, like `rgt-run status`) and write one self-contained HTML page per run into
+runs/<run_id>/report.html, with its plots also as PNG files beside it: the loss over steps across attempts with
+each preemption and relaunch marked and the recomputed steps shaded, GPU utilisation and memory per GPU with idle
+stretches marked, a timeline of the attempts, and the figures: wall time, GPU-hours, steps/s, compute lost to
+preemptions, the cost (price per hour x wall time, plus the time the box billed after the job ended) and the pull's
+verification. A box that is gone is reported from the data saved by the last report or status.
+`rgt-run pull` writes the report on its own after a verified pull.
+Exit codes: 0 every report written, 1 a run got no report (the box gave no status, no data), 2 --run names no run of the
+inventory, 4 every run without a report is on a box that did not answer, with nothing saved about the run."""
+
+BILLED_AFTER_END = ("finished", "failed", "dead", "killed")
+LOST_REASONS = ("preempted", "killed", "dead", "failed")
+REASON_COLOR = {"finished": "#2e7d32", "preempted": "#f9a825", "failed": "#c62828", "killed": "#c62828",
+                "dead": "#6d4c41", "running": "#1565c0", "unknown": "#9e9e9e"}
+
+
+def _hist():
+    from rgt import paths
+
+    return paths.module_util("rgt_history")
+
+
+def _epoch(value) -> float | None:
+    from rgt import paths
+
+    return paths.module_util("rgt_reconcile").to_epoch(value)
+
+
+def _num(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ---------------------------------------------------------------- figures (pure)
+
+def attempt_rows(doc: dict, now: float) -> list[dict]:
+    """One row per attempt: start, end (None while it runs), reason, rc, resume point, steps, wall, rate."""
+    history = doc.get("history") or {}
+    slots: dict[int, dict] = {}
+    for record in history.get("attempts") or []:
+        number = record.get("attempt")
+        if not isinstance(number, int):
+            continue
+        slot = slots.setdefault(number, {"start": None, "end": None})
+        slot["start" if "started_at" in record else "end"] = record
+    logged = {a.get("attempt"): a for a in (history.get("loss") or {}).get("attempts") or []}
+    live = doc.get("state") in ("running", "stalled")
+    rows = []
+    for number in sorted(slots):
+        start_rec, end_rec = slots[number]["start"] or {}, slots[number]["end"] or {}
+        started, ended = _epoch(start_rec.get("started_at")), _epoch(end_rec.get("ended_at"))
+        running = not end_rec and live and number == doc.get("attempt")
+        reason = end_rec.get("reason") or ("running" if running else "unknown")
+        until = now if running else ended
+        wall = max(0.0, until - started) if started is not None and until is not None else None
+        resume_from = start_rec.get("resume_from") or ""
+        resumed = _hist().resume_step(resume_from) if resume_from else (0 if start_rec else None)
+        log = logged.get(number) or {}
+        last = log.get("last_step")
+        done = last - (resumed or 0) if isinstance(last, int) else None
+        rows.append({"attempt": number, "started_at": started, "ended_at": ended, "running": running,
+                     "reason": reason, "rc": end_rec.get("rc"), "signal": end_rec.get("signal"),
+                     "resume_from": resume_from or None, "resumed_from_step": resumed,
+                     "first_step": log.get("first_step"), "last_step": last, "wall_s": wall,
+                     "steps_per_s": done / wall if done and done > 0 and wall else None,
+                     "recomputed_steps": None, "lost_s": None})
+    for row, following in zip(rows, rows[1:], strict=False):
+        if row["reason"] not in LOST_REASONS or row["last_step"] is None:
+            continue
+        resumed = following["resumed_from_step"]
+        if resumed is None:
+            continue
+        row["recomputed_steps"] = max(0, row["last_step"] - resumed)
+        rate = row["steps_per_s"]
+        row["lost_s"] = row["recomputed_steps"] / rate if rate else (0.0 if not row["recomputed_steps"] else None)
+    return rows
+
+
+def run_facts(doc: dict, *, now: float | None = None, teardown_at: float | None = None,
+              verified: dict | None = None, gpu_count: int | None = None) -> dict:
+    """The figures of one run from its status document (with `history`) and the controller's records."""
+    now = time.time() if now is None else now
+    rows = attempt_rows(doc, now)
+    price = _num(doc.get("price_per_hour"))
+    walls = [r["wall_s"] for r in rows if r["wall_s"] is not None]
+    wall = sum(walls) if walls else _num(doc.get("elapsed_s"))
+    for row in rows:
+        row["cost"] = round(price * row["wall_s"] / 3600.0, 4) if price is not None and row["wall_s"] else None
+    last = rows[-1] if rows else None
+    idle_s = None
+    billed_until = None
+    if last and not last["running"] and last["reason"] in BILLED_AFTER_END and last["ended_at"] is not None:
+        billed_until = teardown_at if teardown_at is not None else now
+        idle_s = max(0.0, billed_until - last["ended_at"])
+    series = ((doc.get("history") or {}).get("gpu") or {}).get("series") or {}
+    gpus = len(series) or gpu_count
+    attempts_cost = round(price * wall / 3600.0, 4) if price is not None and wall is not None else None
+    idle_cost = round(price * idle_s / 3600.0, 4) if price is not None and idle_s is not None else None
+    lost = [r["lost_s"] for r in rows if r["lost_s"] is not None]
+    recomputed = [r["recomputed_steps"] for r in rows if r["recomputed_steps"] is not None]
+    final_step = max([r["last_step"] for r in rows if r["last_step"] is not None], default=doc.get("step"))
+    facts = {
+        "host": doc.get("host"), "run_id": doc.get("run_id"), "state": doc.get("state"),
+        "attempts": rows, "attempt_count": len(rows),
+        "preemptions": sum(1 for r in rows if r["reason"] == "preempted"),
+        "final_step": final_step, "final_loss": doc.get("loss"),
+        "wall_s": wall, "gpus": gpus, "gpu_hours": round(gpus * wall / 3600.0, 4) if gpus and wall else None,
+        "steps_per_s": final_step / wall if isinstance(final_step, int) and wall else None,
+        "lost_s": sum(lost) if lost else (0.0 if rows else None), "recomputed_steps": sum(recomputed),
+        "price_per_hour": price, "attempts_cost": attempts_cost, "idle_after_end_s": idle_s,
+        "idle_cost": idle_cost, "billed_until": billed_until, "torn_down": teardown_at is not None,
+        "cost": round((attempts_cost or 0) + (idle_cost or 0), 4) if attempts_cost is not None else None,
+        "verified": verified, "log_error": (doc.get("history") or {}).get("log_error"),
+        "gpu_idle": ((doc.get("history") or {}).get("gpu") or {}).get("idle") or [],
+    }
+    return facts
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+def glance(docs: dict[str, dict], facts: dict[str, dict] | None = None, label: str = "") -> str:
+    """One line a person reads at a glance: "2/2 finished, 1 preemption, 31 min of compute lost; $4.12 so far"."""
+    facts = facts if facts is not None else {h: run_facts(d) for h, d in docs.items()
+                                             if d.get("state") != "unreachable"}
+    counts: dict[str, list[str]] = {}
+    for host, doc in sorted(docs.items()):
+        counts.setdefault(str(doc.get("state") or "?"), []).append(host)
+    total = len(docs)
+    parts = [f"{len(counts.get('finished', []))}/{total} finished"]
+    for state in ("running", "stalled", "preempted", "failed", "dead", "not_started", "error", "unreachable"):
+        hosts = counts.get(state)
+        if not hosts:
+            continue
+        text = f"{len(hosts)} {state.replace('_', ' ')}"
+        if state in ("failed", "dead", "error"):
+            text += " (" + "; ".join(_why(h, docs[h]) for h in hosts) + ")"
+        parts.append(text)
+    line = ", ".join(parts)
+    preempted = sum(f.get("preemptions") or 0 for f in facts.values())
+    lost = sum(f.get("lost_s") or 0 for f in facts.values())
+    minutes = f"{lost / 60:.0f}" if lost >= 600 or lost == 0 else f"{lost / 60:.1f}"
+    line += f"; {preempted} preemption{'s' if preempted != 1 else ''}, {minutes} min of compute lost"
+    costs = [f["cost"] for f in facts.values() if f.get("cost") is not None]
+    if costs:
+        line += f"; ${sum(costs):.2f} so far"
+    return f"{label}: {line}" if label else line
+
+
+def _why(host: str, doc: dict) -> str:
+    exit_doc = (doc.get("evidence") or {}).get("exit") or {}
+    bits = []
+    if exit_doc.get("rc") is not None:
+        bits.append(f"exit {exit_doc['rc']}")
+    elif doc.get("error"):
+        bits.append(str(doc["error"])[:80])
+    log_error = (doc.get("history") or {}).get("log_error") or {}
+    if log_error.get("traceback"):
+        bits.append(f"Traceback in log: {log_error.get('line')}")
+    elif log_error.get("line"):
+        bits.append(f"log: {log_error['line']}")
+    return f"{host}: {', '.join(bits) or doc.get('state')}"
+
+
+# ---------------------------------------------------------------- plots (matplotlib, Agg)
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def plot_loss(doc: dict, facts: dict) -> bytes | None:
+    points = ((doc.get("history") or {}).get("loss") or {}).get("points") or []
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    by_attempt: dict = {}
+    for attempt, step, loss in points:
+        by_attempt.setdefault(attempt, []).append((step, loss))
+    finite = [v for _a, _s, v in points if isinstance(v, (int, float))]
+    for attempt, rows in sorted(by_attempt.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        xs = [s for s, v in rows if isinstance(v, (int, float))]
+        ys = [v for _s, v in rows if isinstance(v, (int, float))]
+        ax.plot(xs, ys, lw=1.3, label=f"attempt {attempt}" if attempt is not None else "before the log tail")
+        bad = [s for s, v in rows if isinstance(v, str)]
+        if bad and finite:
+            ax.plot(bad, [max(finite)] * len(bad), "x", color="red", label="non-finite loss")
+    nonfinite = doc.get("nonfinite_loss") or {}
+    if isinstance(nonfinite.get("step"), int) and finite:  # the status scan's, in the current attempt
+        ax.plot([nonfinite["step"]], [max(finite)], "x", color="red", ms=9,
+                label=f"non-finite loss ({nonfinite.get('value')}) at step {nonfinite['step']}")
+    rows = facts["attempts"]
+    for row, following in zip(rows, rows[1:], strict=False):
+        resumed = following["resumed_from_step"]
+        if resumed is None:
+            continue
+        ax.axvline(resumed, color=REASON_COLOR.get(row["reason"], "#555"), ls="--", lw=1)
+        ax.annotate(f"{row['reason']} -> attempt {following['attempt']} from step {resumed}", (resumed, 1),
+                    xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
+        if row["recomputed_steps"]:
+            ax.axvspan(resumed, row["last_step"], color="#f9a825", alpha=0.2,
+                       label=f"recomputed ({row['recomputed_steps']} steps)")
+    if finite and min(finite) > 0 and max(finite) / min(finite) > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: loss over steps")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def plot_gpu(doc: dict, facts: dict) -> bytes | None:
+    gpu = (doc.get("history") or {}).get("gpu") or {}
+    series = gpu.get("series") or {}
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, (util_ax, mem_ax) = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True)
+    for index, rows in sorted(series.items(), key=lambda kv: int(kv[0])):
+        xs = [datetime.fromtimestamp(r[0], UTC) for r in rows]
+        util_ax.plot(xs, [r[1] for r in rows], lw=1.1, label=f"GPU {index}")
+        mem_ax.plot(xs, [r[2] for r in rows], lw=1.1, label=f"GPU {index} used")
+        totals = [r[3] for r in rows if r[3]]
+        if totals:
+            mem_ax.axhline(max(totals), color="#999", lw=0.8, ls=":")
+    for n, stretch in enumerate(gpu.get("idle") or []):
+        for ax in (util_ax, mem_ax):
+            ax.axvspan(datetime.fromtimestamp(stretch["start"], UTC), datetime.fromtimestamp(stretch["end"], UTC),
+                       color="#bdbdbd", alpha=0.4, label="idle" if n == 0 and ax is util_ax else None)
+    for row in facts["attempts"]:
+        if row["started_at"] is not None:
+            util_ax.axvline(datetime.fromtimestamp(row["started_at"], UTC), color="#555", lw=0.8, ls="--")
+    util_ax.set_ylabel("utilisation %")
+    util_ax.set_ylim(-2, 102)
+    mem_ax.set_ylabel("memory MiB")
+    util_ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: GPUs (idle stretches shaded)")
+    util_ax.legend(fontsize=7, loc="upper right")
+    for ax in (util_ax, mem_ax):
+        ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def plot_attempts(doc: dict, facts: dict) -> bytes | None:
+    rows = [r for r in facts["attempts"] if r["started_at"] is not None]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * (len(rows) + 1)))
+    t0 = rows[0]["started_at"]
+    for y, row in enumerate(rows):
+        width = (row["wall_s"] or 0) / 60.0
+        ax.broken_barh([((row["started_at"] - t0) / 60.0, max(width, 0.01))], (y - 0.35, 0.7),
+                       color=REASON_COLOR.get(row["reason"], "#9e9e9e"))
+        step = f" at step {row['last_step']}" if row["last_step"] is not None else ""
+        resumed = f", resumed from step {row['resumed_from_step']}" if row["attempt"] > 1 else ""
+        ax.text((row["started_at"] - t0) / 60.0 + width, y, f"  {row['reason']}{step}{resumed}", va="center",
+                fontsize=8)
+    if facts.get("idle_after_end_s") and rows[-1]["ended_at"] is not None:
+        start = (rows[-1]["ended_at"] - t0) / 60.0
+        ax.broken_barh([(start, facts["idle_after_end_s"] / 60.0)], (len(rows) - 0.35, 0.7), facecolor="none",
+                       edgecolor="#616161", hatch="///")
+        ax.text(start + facts["idle_after_end_s"] / 60.0, len(rows),
+                "  box billed after the job ended" + (" (until teardown)" if facts["torn_down"] else ""),
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(rows) + 1), [f"attempt {r['attempt']}" for r in rows] + ["after the end"])
+    ax.invert_yaxis()
+    ax.set_xlabel("minutes since the first attempt started")
+    ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: attempts")
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+PLOTS = (("loss", plot_loss), ("gpu", plot_gpu), ("attempts", plot_attempts))
+
+
+# ---------------------------------------------------------------- HTML
+
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:60em;color:#212121}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}th{background:#f5f5f5}
+td.n{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;display:block;margin:.6em 0}
+.note{color:#616161;font-size:.9em}.bad{color:#c62828}.ok{color:#2e7d32}"""
+
+
+def _e(value) -> str:
+    return html.escape("-" if value is None else str(value))
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _short(ts: float | None) -> str:
+    return "-" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%m-%d %H:%M:%S")
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _row(key: str, label: str, value: str, note: str = "") -> str:
+    extra = f' <span class="note">{_e(note)}</span>' if note else ""
+    return f'<tr><th>{_e(label)}</th><td class="n" data-k="{key}">{_e(value)}</td><td>{extra}</td></tr>'
+
+
+def figures_table(f: dict) -> str:
+    price = f["price_per_hour"]
+    idle_note = ""
+    if f["idle_after_end_s"] is not None:
+        idle_note = (f"{_minutes(f['idle_after_end_s'])} after the job ended, until "
+                     + ("teardown" if f["torn_down"] else "this report (no teardown recorded)"))
+    rows = [
+        _row("state", "state", f["state"]),
+        _row("attempts", "attempts", f["attempt_count"]),
+        _row("preemptions", "preemptions", f["preemptions"]),
+        _row("final_step", "final step", f["final_step"]),
+        _row("final_loss", "final loss", f["final_loss"]),
+        _row("wall_min", "wall time (all attempts)", _fmt(f["wall_s"] and f["wall_s"] / 60, ".2f"), "minutes"),
+        _row("gpus", "GPUs sampled", f["gpus"] if f["gpus"] else "none"),
+        _row("gpu_hours", "GPU-hours", _fmt(f["gpu_hours"], ".3f")),
+        _row("steps_per_s", "steps/s (final step / wall time)", _fmt(f["steps_per_s"], ".3f")),
+        _row("lost_min", "compute lost to preemptions", _fmt(f["lost_s"] and f["lost_s"] / 60, ".2f"),
+             f"minutes; {f['recomputed_steps']} step(s) recomputed"),
+        _row("price_per_hour", "price per hour", _fmt(price, ".2f"), "" if price is not None else
+             "no rgt_job.price_per_hour: no cost"),
+        _row("attempts_cost", "cost of the attempts", _fmt(f["attempts_cost"], ".4f"), "price x wall time"),
+        _row("idle_cost", "cost after the job ended", _fmt(f["idle_cost"], ".4f"), idle_note),
+        _row("cost", "cost", _fmt(f["cost"], ".4f"), "so far" if not f["torn_down"] else "until teardown"),
+    ]
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def attempts_table(f: dict) -> str:
+    head = ("<tr><th>attempt</th><th>start (UTC)</th><th>end (UTC)</th><th>reason</th><th>exit</th>"
+            "<th>resumed from step</th><th>last step</th><th>wall min</th><th>steps/s</th><th>recomputed steps</th>"
+            "<th>lost min</th><th>cost</th></tr>")
+    body = []
+    for r in f["attempts"]:
+        exit_text = "-" if r["rc"] is None and r["signal"] is None else f"rc {r['rc']}" + (
+            f" signal {r['signal']}" if r["signal"] else "")
+        body.append(
+            f'<tr data-attempt="{r["attempt"]}"><td class="n">{r["attempt"]}</td><td>{_short(r["started_at"])}</td>'
+            f"<td>{'running' if r['running'] else _short(r['ended_at'])}</td>"
+            f'<td data-k="reason">{_e(r["reason"])}</td><td>{_e(exit_text)}</td>'
+            f'<td class="n" data-k="resumed_from_step">{_e(r["resumed_from_step"])}</td>'
+            f'<td class="n" data-k="last_step">{_e(r["last_step"])}</td>'
+            f'<td class="n" data-k="attempt_wall_min">{_fmt(r["wall_s"] and r["wall_s"] / 60, ".2f")}</td>'
+            f'<td class="n">{_fmt(r["steps_per_s"], ".3f")}</td>'
+            f'<td class="n" data-k="recomputed_steps">{_e(r["recomputed_steps"])}</td>'
+            f'<td class="n" data-k="attempt_lost_min">{_fmt(r["lost_s"] and r["lost_s"] / 60, ".2f")}</td>'
+            f'<td class="n" data-k="attempt_cost">{_fmt(r["cost"], ".4f")}</td></tr>')
+    return "<table>" + head + "".join(body) + "</table>"
+
+
+def verification_html(f: dict) -> str:
+    v = f["verified"]
+    if not v:
+        return '<p data-k="verification">not pulled and verified yet: <code>rgt-run pull</code></p>'
+    loaded = [c for c in v.get("checkpoints") or []]
+    bad = [c.get("path") for c in loaded if not c.get("ok")]
+    return (f'<p data-k="verification" class="ok">verified: <span data-k="verified_files">{_e(v.get("files"))}'
+            f'</span> files, <span data-k="verified_bytes">{_e(v.get("bytes"))}</span> bytes, SHA-256 match '
+            f"(manifest {_e(str(v.get('manifest_sha256') or '')[:16])}..., verified {_e(v.get('verified_at'))})"
+            + (f"; {len(loaded)} checkpoint(s) loaded" if loaded else "")
+            + (f'; <span class="bad">not loaded: {_e(", ".join(bad))}</span>' if bad else "") + "</p>")
+
+
+def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[str, str]) -> str:
+    parts = [f'<section data-host="{_e(doc.get("host"))}"><h2>{_e(doc.get("host"))}</h2>']
+    if doc.get("_source"):
+        parts.append(f'<p class="note">{_e(doc["_source"])}</p>')
+    parts.append(figures_table(facts))
+    log_error = facts.get("log_error") or {}
+    if log_error.get("line"):
+        parts.append(f'<p class="bad">last error in the log: <code>{_e(log_error["line"])}</code></p>')
+    parts.append("<h3>Attempts</h3>" + attempts_table(facts))
+    for key, title in (("attempts", "Attempts timeline"), ("loss", "Loss over steps"), ("gpu", "GPUs")):
+        if key in images:
+            data = base64.b64encode(images[key]).decode()
+            parts.append(f'<h3>{title}</h3><img alt="{_e(title)}" data-plot="{key}" title="{_e(names[key])}" '
+                         f'src="data:image/png;base64,{data}">')
+        elif key == "gpu":
+            parts.append('<p class="note">no GPU samples: the wrapper found no nvidia-smi on the box</p>')
+        elif key == "loss":
+            parts.append('<p class="note">no loss lines in the log (rgt_job.log_patterns sets the patterns)</p>')
+    truncated = ((doc.get("history") or {}).get("loss") or {}).get("truncated")
+    if truncated:
+        parts.append('<p class="note">the loss curve covers the newest part of a long log (history_kb)</p>')
+    parts.append("<h3>Verification</h3>" + verification_html(facts) + "</section>")
+    return "".join(parts)
+
+
+def page(run_id: str, sections: list[str], line: str, generated: float) -> str:
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>rgt report: {_e(run_id)}</title>'
+            f"<style>{CSS}</style></head><body><h1>rgt report: {_e(run_id)}</h1>"
+            f'<p data-k="glance">{_e(line)}</p><p class="note">written {_when(generated)} by rgt-run report; '
+            "figures are computed from the box's attempts.jsonl, job.log and gpu.csv (docs/report.md)</p>"
+            + "".join(sections) + "</body></html>\n")
+
+
+# ---------------------------------------------------------------- gathering and writing
+
+def teardown_time(ledger: Path, host: str) -> float | None:
+    record = read_json(ledger / "teardown" / f"{host}.json")
+    if isinstance(record, dict) and str(record.get("final_state") or "") not in ("", "None") \
+            and not str(record.get("final_state")).startswith("unknown"):
+        return _epoch(record.get("at"))
+    return None
+
+
+def verified_marker(root: Path, run_id: str, host: str) -> dict | None:
+    marker = read_json(root / run_id / f"{host}.PULL_VERIFIED.json")
+    return marker if isinstance(marker, dict) and marker.get("run_id") == run_id else None
+
+
+def _saved(root: Path, run_id: str | None, host: str) -> dict | None:
+    if not run_id:
+        return None
+    saved = read_json(root / run_id / f"{host}.report.json")
+    return saved.get("doc") if isinstance(saved, dict) and isinstance(saved.get("doc"), dict) else None
+
+
+def _host_run_id(host, extravars: dict) -> str | None:
+    job = extravars.get("rgt_job") if isinstance(extravars.get("rgt_job"), dict) else None
+    job = job or (getattr(host, "vars", None) or {}).get("rgt_job") or (host.recalled or {}).get("job") or {}
+    return job.get("run_id") or job.get("name") if isinstance(job, dict) else None
+
+
+def best_doc(fresh: dict, before: dict | None, saved: dict | None) -> dict | None:
+    """The box's fresh document when it came with a history, else the newest data saved about the run."""
+    if fresh.get("history") is not None:
+        return fresh
+    for older, where in ((before, "the last status"), (saved, "the last report")):
+        if isinstance(older, dict) and older.get("history") is not None:
+            seen = older.get("seen_at")
+            return {**older, "_source": f"{fresh.get('host')} is {fresh.get('state')} now: data as of {where}"
+                    + (f" ({_when(seen)})" if seen else "")}
+    return None
+
+
+def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: float | None = None) -> dict:
+    """Write runs/<run_id>/report.html (+ PNGs, + <host>.report.json) for the hosts that ran run_id."""
+    now = time.time() if now is None else now
+    out = root / run_id
+    sections, facts_by_host, written = [], {}, []
+    for doc in sorted(docs, key=lambda d: str(d.get("host"))):
+        host = str(doc.get("host"))
+        facts = run_facts(doc, now=now, teardown_at=teardown_time(ledger, host),
+                          verified=verified_marker(root, run_id, host))
+        facts_by_host[host] = facts
+        images, names = {}, {}
+        for key, plot in PLOTS:
+            data = plot(doc, facts)
+            if data:
+                name = f"report-{host}-{key}.png"
+                atomic_write_bytes(out / name, data)
+                images[key], names[key] = data, name
+                written.append(str(out / name))
+        sections.append(host_section(doc, facts, images, names))
+        atomic_write_json(out / f"{host}.report.json", {"schema": "rgt/report-data/v1", "run_id": run_id,
+                                                         "saved_at": now, "doc": doc, "facts": facts})
+    line = glance({d.get("host"): d for d in docs}, facts_by_host, label=run_id)
+    html_path = out / "report.html"
+    atomic_write_bytes(html_path, page(run_id, sections, line, now).encode())
+    return {"run_id": run_id, "html": str(html_path), "pngs": written, "glance": line, "hosts": facts_by_host}
+
+
+SETTLED = ("finished", "failed", "dead")
+
+
+def _settled(doc: dict | None, run_id: str | None) -> bool:
+    """A status the box cannot change any more: the run ended, and the document carries its history."""
+    return (isinstance(doc, dict) and doc.get("state") in SETTLED and doc.get("history") is not None
+            and run_id is not None and doc.get("run_id") == run_id)
+
+
+def build_reports(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path,
+                  root: Path, only_run: str | None = None,
+                  reuse_settled: bool = False) -> tuple[list[dict], dict[str, str]]:
+    """Poll the hosts once (monitor.yml) and write a report per run. Returns (reports, {host: why not}).
+    reuse_settled: a host whose last status in the ledger is a settled run with its history is not polled again
+    (after a pull: the run ended, nothing on the box can change its figures)."""
+    from rgt import status
+
+    before = {h.name: read_json(ledger / "status" / f"{h.name}.json") for h in hosts}
+    reuse = {h.name for h in hosts if reuse_settled and _settled(before[h.name], _host_run_id(h, extravars))}
+    to_poll = [h for h in hosts if h.name not in reuse]
+    fresh = status.poll(args, console, to_poll, extravars, ledger) if to_poll else {}
+    fresh.update({name: before[name] for name in reuse})
+    by_run: dict[str, list[dict]] = {}
+    skipped: dict[str, str] = {}
+    for host in hosts:
+        doc = fresh.get(host.name) or {"host": host.name, "state": "error"}
+        run_id = doc.get("run_id") or _host_run_id(host, extravars)
+        if only_run and run_id != only_run:
+            continue
+        chosen = best_doc(doc, before.get(host.name), _saved(root, run_id, host.name))
+        if chosen is None or not run_id:
+            skipped[host.name] = f"{doc.get('state')}: {doc.get('error') or 'no history from the box'}"
+            continue
+        chosen = {**chosen, "host": host.name, "run_id": chosen.get("run_id") or run_id}
+        by_run.setdefault(run_id, []).append(chosen)
+    reports = [write_report(root, ledger, run_id, docs) for run_id, docs in sorted(by_run.items())]
+    return reports, skipped
+
+
+def print_reports(console: Console, reports: list[dict], skipped: dict[str, str]) -> None:
+    for rep in reports:
+        console.print(f"report: {rep['html']}", highlight=False, markup=False)
+        console.print(f"  {rep['glance']}", highlight=False, markup=False)
+    for host, why in sorted(skipped.items()):
+        console.print(f"  [yellow]no report[/yellow] for {escape(host)}: {escape(why)}", highlight=False)
+
+
+def after_pull(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path,
+               root: Path) -> list[dict]:
+    """The report beside a verified pull. Never raises: a report that cannot be written is a warning."""
+    if not hosts:
+        return []
+    try:
+        reports, skipped = build_reports(args, console, hosts, extravars, ledger, root, reuse_settled=True)
+        print_reports(console, reports, skipped)
+        return reports
+    except Exception as exc:  # noqa: BLE001 - the pull is verified; the report is a convenience on top
+        console.print(f"[yellow]warning[/yellow]: the report could not be written ({type(exc).__name__}: "
+                      f"{escape(str(exc))}); the pull itself is verified. Run `rgt-run report` to try again.",
+                      highlight=False)
+        return []
+
+
+# ---------------------------------------------------------------- command line
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", metavar="RUN", help="only this run id (default: every run of the inventory)")
+    p.add_argument("--runs-dir", dest="runs_dir", metavar="DIR",
+                   help="where reports land, beside the pulled results (default $RGT_RUNS_DIR or ./runs)")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from rgt import status
+
+    only = getattr(args, "run", None)
+    if only:
+        from rgt import paths
+
+        problem = paths.module_util("rgt_runlayout").check_name(only, "run id")
+        if problem:
+            raise errors.InputError(problem, fix="--run takes a run id (rgt_job.run_id or rgt_job.name)",
+                                    field="--run")
+    hosts, extravars = status._prepare(args)
+    ledger = ledger_dir(getattr(args, "ledger", None))
+    root = runs_dir(getattr(args, "runs_dir", None))
+    if only and not any(_host_run_id(h, extravars) == only for h in hosts):
+        known = sorted({r for r in (_host_run_id(h, extravars) for h in hosts) if r})
+        raise errors.InputError(f"--run {only} is no run of this inventory",
+                                fix=f"one of: {', '.join(known) or '(none: give the job spec)'}", field="--run")
+    reports, skipped = build_reports(args, console, hosts, extravars, ledger, root, only)
+    print_reports(console, reports, skipped)
+    if reports and not skipped:
+        code = errors.OK
+    elif skipped and all(why.startswith("unreachable") for why in skipped.values()):
+        code = errors.UNREACHABLE
+    else:
+        code = errors.FAILED
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps({"command": "report", "runs_dir": str(root), "reports": reports,
+                                     "skipped": skipped, "exit_code": code}, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rgt.runreport ...`: the same command while `rgt-run report` is not in the dispatch table."""
+    from rgt import cli
+
+    parser = errors.ArgumentParser(prog="rgt-run report", description=DESCRIPTION,
+                                   parents=[cli._shared(cli.ALL_SHARED)],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(parser.parse_args(argv), console)
+    except errors.RgtError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        if exc.fix:
+            console.print(f"  fix: {exc.fix}")
+        if "--json" in argv:
+            sys.stdout.write(json.dumps({"command": "report", **exc.as_dict()}) + "\n")
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""A run preempted once, watched to the end, pulled and reported, with notifications, on this machine.
+
+The real wrapper runs examples/tiny_train under tmux (connection local, a temp durable root, a private tmux
+server); `rgt-run watch` sees the preemption and relaunches it (auto_resume); `rgt-run pull` seals, pulls,
+verifies and writes the report beside the pull; the page is opened in a real headless browser (Debian's
+chromium). A local HTTP receiver stands in for Slack: it must get exactly one message per transition across
+three watch runs, and the webhook URL (a secret) must appear in no output and no file.
+"""
+
+import http.server
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "tiny_train" / "train.py"
+RUN_ID = "rep-run"
+SECRET = "XOXB-SECRET-7f3a9c"
+PRICE = 3.6
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [
+    pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
+                       reason="needs .venv with ansible-core"),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (the local profile detaches with it)"),
+]
+
+REPORT = [sys.executable, "-m", "rgt.cli", "report"]
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.messages = []
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}/services/T0/B0/{SECRET}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.messages.append({"path": self.path, "doc": json.loads(body)})
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *_args):
+        pass
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps_of(log_text, attempt):
+    """Steps the log shows for one attempt (between its start marker and the next marker)."""
+    part = log_text.split(f"== rgt attempt {attempt} started", 1)[1].split("== rgt attempt", 1)[0]
+    return [int(s) for s in re.findall(r"^step=(\d+) loss=", part, re.M)]
+
+
+def fields(message):
+    return {f["title"]: f["value"] for f in message["doc"]["attachments"][0]["fields"]}
+
+
+@pytest.fixture
+def lab(tmp_path):
+    durable = tmp_path / "durable"
+    run_dir = durable / "rgt" / "active" / RUN_ID
+    code = run_dir / "code-test"
+    code.mkdir(parents=True)
+    shutil.copy(TINY, code / "train.py")
+    tmux_dir = Path(tempfile.mkdtemp(prefix="rgt-tmux-", dir="/tmp"))  # short: a unix socket path
+    receiver = Receiver()
+    events = tmp_path / "events.txt"
+    job = {"name": RUN_ID, "python": sys.executable, "auto_resume": True, "price_per_hour": PRICE,
+           "outputs": ["weights.bin", "metrics.json"],
+           "command": f"{sys.executable} train.py --steps 300 --ckpt-every 10 --sleep 0.05 --seed 7",
+           "notify": [{"webhook_env": "RGT_TEST_WEBHOOK", "on": ["running", "preempted", "finished", "attention"]},
+                      {"command": f"printf '%s\\n' \"$RGT_NOTIFY_EVENT\" >> {events}", "on": ["finished"]}]}
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "rgt_profile": "local",
+        "rgt_instance_id": "localhost", "rgt_durable_root": str(durable), "rgt_job": job}}}}))
+    env = {"TMUX_TMPDIR": str(tmux_dir), "RGT_TEST_WEBHOOK": receiver.url, "RGT_RUNS_DIR": str(tmp_path / "runs")}
+    yield {"tmp": tmp_path, "run_dir": run_dir, "code": code, "inv": inv, "env": env, "receiver": receiver,
+           "events": events, "runs": tmp_path / "runs"}
+    receiver.shutdown()
+    pid_doc = read_json(run_dir / ".rgt" / "pid") or {}
+    for key in ("wrapper_pid", "job_pid"):
+        try:
+            os.kill(int(pid_doc.get(key) or 0) or 999999999, signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    subprocess.run(["tmux", "kill-server"], env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)}, capture_output=True)
+    shutil.rmtree(tmux_dir, ignore_errors=True)
+
+
+def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_transition(lab, rgt):
+    env, receiver, run_dir = lab["env"], lab["receiver"], lab["run_dir"]
+    outputs = []
+
+    def call(*args, timeout=180):
+        res = rgt(*args, env=env, timeout=timeout)
+        outputs.append(res.stdout + res.stderr)
+        return res
+
+    launch = call("playbooks/launch_detached.yml", "-i", lab["inv"], "-e", f"launch_detached_code_dir={lab['code']}")
+    assert launch.rc == 0, launch.stdout + launch.stderr
+    ckpt = run_dir / "ckpt"
+    wait_for(lambda: (ckpt / "step_00000030.ckpt").exists(), 60, "the third checkpoint")
+
+    first = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "1", "--json")
+    assert first.rc == 0 and first.doc["hosts"]["box"]["state"] == "running", first.stderr
+    assert [fields(m)["state"] for m in receiver.messages] == ["running"]
+
+    # the box goes away mid-run: SIGTERM to the wrapper (the job checkpoints and stops), and the newest
+    # checkpoints are lost with it, so the relaunch resumes from step 20 and recomputes what came after
+    os.kill(read_json(run_dir / ".rgt" / "pid")["wrapper_pid"], signal.SIGTERM)
+    done = wait_for(lambda: read_json(run_dir / ".rgt" / "exit.json"), 60, "the end of attempt 1")
+    assert done["reason"] == "preempted"
+    for path in ckpt.glob("step_*.ckpt"):
+        if int(path.stem.split("_")[1]) > 20:
+            path.unlink()
+
+    second = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "40", "--json", timeout=240)
+    assert second.rc == 0, second.stderr
+    assert second.doc["stopped"] == "settled" and second.doc["hosts"]["box"]["state"] == "finished"
+    assert [r["attempt"] for r in second.doc["relaunches"]] == [1]
+    third = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "1", "--json")
+    assert third.rc == 0
+
+    # exactly one message per transition, across three watch runs
+    seen = [(fields(m)["state"], fields(m)["attempt"]) for m in receiver.messages]
+    assert seen == [("running", "1"), ("preempted", "1"), ("running", "2"), ("finished", "2")], seen
+    assert lab["events"].read_text().splitlines() == [f"{RUN_ID}#2:finished"]
+    finished = receiver.messages[-1]["doc"]["text"]
+    assert finished.startswith(f"rgt: box {RUN_ID} finished (attempt 2)")
+    assert "1/1 finished; 1 preemption" in finished and "so far" in finished
+
+    log = (run_dir / "logs" / "job.log").read_text()
+    last1, steps2 = max(steps_of(log, 1)), steps_of(log, 2)
+    assert steps2[0] == 21 and steps2[-1] == 300, "attempt 2 resumed from the step-20 checkpoint"
+    assert "; 1 preemption, " in third.doc["summary"] and third.doc["summary"].startswith("1/1 finished")
+    assert third.doc["summary"] in third.stderr
+
+    pull = call("pull", "-i", lab["inv"], "--runs-dir", lab["runs"], "--json", timeout=240)
+    assert pull.rc == 0, pull.stderr
+    html_path = lab["runs"] / RUN_ID / "report.html"
+    assert pull.doc["hosts"]["box"]["report"] == str(html_path) and html_path.is_file(), pull.stderr
+    assert f"report: {html_path}" in pull.stderr
+
+    # the report command itself (the same data, fetched again in the status round trip)
+    res = subprocess.run([*REPORT, "-i", lab["inv"], "--run", RUN_ID, "--json"], capture_output=True, text=True,
+                         env={**os.environ, "RGT_LEDGER": str(rgt.ledger), **env}, cwd=REPO, timeout=180)
+    outputs.append(res.stdout + res.stderr)
+    assert res.returncode == 0, res.stderr
+    facts = json.loads(res.stdout)["reports"][0]["hosts"]["box"]
+
+    # the numbers against the ledger: the box's attempts.jsonl, the log, the price, the pull's marker
+    records = [json.loads(ln) for ln in (run_dir / ".rgt" / "attempts.jsonl").read_text().splitlines()]
+    ends = [r for r in records if "ended_at" in r]
+    assert [a["reason"] for a in facts["attempts"]] == [e["reason"] for e in ends] == ["preempted", "finished"]
+    a1, a2 = facts["attempts"]
+    assert a1["last_step"] == last1 and a2["resumed_from_step"] == 20 and a2["last_step"] == 300
+    assert a1["recomputed_steps"] == facts["recomputed_steps"] == last1 - 20 > 0
+    assert facts["lost_s"] == pytest.approx(a1["recomputed_steps"] * a1["wall_s"] / last1)
+    from rgt import paths
+
+    to_epoch = paths.module_util("rgt_reconcile").to_epoch
+    starts = {r["attempt"]: to_epoch(r["started_at"]) for r in records if "started_at" in r}
+    wall = sum(to_epoch(e["ended_at"]) - starts[e["attempt"]] for e in ends)
+    assert facts["wall_s"] == pytest.approx(wall)
+    assert facts["attempts_cost"] == pytest.approx(PRICE * wall / 3600, abs=1e-4)
+    assert facts["cost"] > facts["attempts_cost"] and facts["idle_after_end_s"] > 0, "the box bills after the end"
+    marker = read_json(lab["runs"] / RUN_ID / "box.PULL_VERIFIED.json")
+    assert facts["verified"]["files"] == marker["files"] == 3 and facts["verified"]["bytes"] == marker["bytes"]
+
+    # a real browser: the page renders, every image loads, the numbers shown are the ledger's
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium); the browser check did not run")
+    probe = lab["tmp"] / "probe.html"
+    probe.write_text(html_path.read_text().replace("</body>", (
+        "<script>window.addEventListener('load',function(){var i=document.images,n=0;for(var k=0;k<i.length;k++)"
+        "{if(i[k].complete&&i[k].naturalWidth>0)n++;}document.title='images '+n+'/'+i.length;});</script></body>")))
+    dom = subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--dump-dom",
+                          f"file://{probe}"], capture_output=True, text=True, timeout=60).stdout
+    loaded = re.search(r"<title>images (\d+)/(\d+)</title>", dom)
+    assert loaded and loaded.group(1) == loaded.group(2) and int(loaded.group(2)) >= 2, dom[:300]
+
+    def shown(key, where=dom):
+        return [html_unescape(v) for v in re.findall(rf'data-k="{key}">([^<]*)<', where)]
+
+    assert shown("attempts") == ["2"] and shown("preemptions") == ["1"]
+    assert shown("reason") == ["preempted", "finished"]
+    assert shown("resumed_from_step") == ["0", "20"] and shown("recomputed_steps")[0] == str(last1 - 20)
+    assert shown("verified_files") == [str(marker["files"])] and shown("verified_bytes") == [str(marker["bytes"])]
+    assert [float(v) for v in shown("attempt_cost")] == pytest.approx([a1["cost"], a2["cost"]], abs=1e-4)
+    assert float(shown("cost")[0]) == pytest.approx(facts["cost"], abs=1e-4)
+    assert float(shown("attempts_cost")[0]) == pytest.approx(PRICE * wall / 3600, abs=1e-4)
+    assert 'data-plot="loss"' in dom and 'data-plot="attempts"' in dom
+
+    # a report that cannot be written never fails a verified pull: a warning, the pull's own exit code
+    blocker = lab["runs"] / RUN_ID / "report-box-loss.png"
+    blocker.unlink()
+    blocker.mkdir()
+    again = call("pull", "-i", lab["inv"], "--runs-dir", lab["runs"], "--json", timeout=240)
+    assert again.rc == 0 and again.doc["hosts"]["box"]["verified"] is True, again.stderr
+    assert "the report could not be written" in again.stderr and "the pull itself is verified" in again.stderr
+    assert "report" not in again.doc["hosts"]["box"]
+
+    # the webhook URL is a secret: in no output and no file rgt wrote
+    for text in outputs:
+        assert SECRET not in text
+    for root in (rgt.ledger, lab["runs"], lab["run_dir"]):
+        for path in Path(root).rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+
+
+def html_unescape(text):
+    import html
+
+    return html.unescape(text).strip()
+
+
+def test_a_notify_rule_with_an_unknown_event_is_refused_before_anything_runs(tmp_path, rgt):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "rgt_profile": "local", "rgt_instance_id": "localhost",
+        "rgt_durable_root": str(tmp_path / "d"),
+        "rgt_job": {"name": "x", "notify": [{"webhook_env": "SLACK_WEBHOOK_URL", "on": ["finishd"]}]}}}}}))
+    res = rgt("watch", "-i", inv, "--json", timeout=60)
+    assert res.rc == 2
+    assert res.doc["field"] == "rgt_job.notify[0].on[0]" and "finishd" in res.doc["error"]
+    assert not (tmp_path / "d").exists() and not (rgt.ledger / "notify").exists()
+
+
+def test_a_webhook_url_pasted_where_its_variable_name_goes_is_refused_and_never_echoed(tmp_path, rgt):
+    url = "https://hooks.example.invalid/services/T000/B000/SECRETPART"
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "rgt_profile": "local", "rgt_instance_id": "localhost",
+        "rgt_durable_root": str(tmp_path / "d"),
+        "rgt_job": {"name": "x", "notify": [{"webhook_env": url, "on": ["finished"]}]}}}}}))
+    res = rgt("watch", "-i", inv, "--json", timeout=60)
+    assert res.rc == 2 and res.doc["field"] == "rgt_job.notify[0].webhook_env"
+    assert "NAME of an environment variable" in res.doc["error"]
+    assert "SECRETPART" not in res.stdout + res.stderr
