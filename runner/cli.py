@@ -1,6 +1,11 @@
+# PYTHON_ARGCOMPLETE_OK
 """`rgt-run`: a thin runner over ansible-runner. It validates input, runs phases, keeps the ledger, prints results.
 
 Human output goes to stderr; `--json` prints exactly one JSON document on stdout. Exit codes: see rgt.errors.
+The command line: one argparse subparser per subcommand (COMMANDS, the one dispatch table), each built from the
+shared options (SHARED_OPTIONS, one definition, handed in as a parent parser). A first word that is no subcommand
+but names a playbook (`playbooks/train.yml`, `train.yml`, any playbook file) runs that playbook: the phases
+smoke, probe, env_check and train are subcommands too, so both spellings parse alike.
 """
 
 from __future__ import annotations
@@ -8,20 +13,20 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 
-from rgt import errors, paths
+from rgt import errors, jobspec, memory, paths, profiles
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
-
-SUBCOMMANDS = ("profiles", "pin", "lifecycle", "smoke", "status", "watch", "pull", "teardown")
-
 
 MAX_VARS_FILE_BYTES = 8 << 20
 MAX_VARS_NODES = 200_000  # after expanding YAML aliases: a job spec is a few hundred values
@@ -121,26 +126,304 @@ def parse_extravars(values: list[str], origins: dict[str, str] | None = None) ->
     return out
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
+# ---------------------------------------------------------------- the command line
+
+# Every option more than one subcommand takes, defined once; each subcommand names the ones it takes and gets them
+# through a parent parser (`_shared`). Help texts speak of the user's files and boxes, never of rgt's insides.
+SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict]] = {
+    "inventory": (("-i", "--inventory"), {"required": True, "metavar": "INVENTORY",
+                                          "help": "your inventory: a hosts file, or a directory that holds one"}),
+    "extra_vars": (("-e", "--extra-vars"), {"dest": "extra_vars", "action": "append", "default": [],
+                                            "metavar": "VARS",
+                                            "help": "extra variables: @job.yml (your job spec), key=value or "
+                                                    "JSON; repeatable, the last one wins"}),
+    "limit": (("-l", "--limit"), {"metavar": "HOSTS", "help": "only these hosts or groups (comma-separated)"}),
+    "json": (("--json",), {"action": "store_true",
+                           "help": "print one JSON document on stdout (messages stay on stderr)"}),
+    "ledger": (("--ledger",), {"metavar": "DIR",
+                               "help": "where rgt keeps its records of your runs (default $RGT_LEDGER or ./.rgt)"}),
+    "verbose": (("-v", "--verbose"), {"action": "count", "default": 0,
+                                      "help": "more detail from Ansible (repeat for more: -vvv)"}),
+}
+ALL_SHARED = tuple(SHARED_OPTIONS)
+OUTPUT_ONLY = ("json", "ledger", "verbose")
+LOCAL_INVENTORY = paths.REPO_ROOT / "inventories" / "local"
+
+
+def _shared(names: tuple[str, ...], **overrides: dict) -> argparse.ArgumentParser:
+    """A parent parser holding the shared options `names` (`overrides`: per option, keyword changes)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    for name in names:
+        flags, kwargs = SHARED_OPTIONS[name]
+        action = parent.add_argument(*flags, **{**kwargs, **overrides.get(name, {})})
+        if name == "limit":
+            action.completer = complete_hosts  # type: ignore[attr-defined]
+    return parent
+
+
+def _playbook_options(check_help: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-t", "--tags", metavar="TAGS", help="run only these steps (comma-separated tags)")
+        p.add_argument("--skip-tags", metavar="TAGS", help="skip these steps (comma-separated tags)")
+        p.add_argument("-C", "--check", action="store_true", help=check_help)
+    return add
+
+
+CHECK_MODE_HELP = "check mode: report what would change on each box, change nothing"
+PLAN_HELP = ("dry run: print the plan per host and exit 0: the code-<hash8> directory the code would land in, the "
+             "files and bytes to send, the command, the run directory, the disk floor, the price per hour and what "
+             "the expected duration costs. It reads only files on this machine and contacts no box (with -t or "
+             "--skip-tags, -C is check mode instead: each step reports what it would change)")
+
+PLAYBOOK_EPILOG = ("A playbook path works the same way: `rgt-run playbooks/{name}.yml -i INVENTORY` is "
+                   "`rgt-run {name} -i INVENTORY`.")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its one-line help (the listing), its --help text, the shared options it takes, its own
+    options and the function that runs it (args, console) -> exit code."""
+
+    name: str
+    help: str
+    description: str
+    run: Callable[[argparse.Namespace, Console], int]
+    shared: tuple[str, ...] = ALL_SHARED
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    overrides: dict = field(default_factory=dict)
+    epilog: str | None = None
+    playbook: bool = False  # a playbook of the collection run as a subcommand
+
+
+PROFILES_HELP = "list the platforms rgt knows, or show one platform's facts (`profiles show NAME`)"
+PROFILES_DESCRIPTION = """\
+List the platforms rgt knows (SSH user and port, where data survives a stop, how the meter stops, what keeps
+billing), or show everything known about one of them: `rgt-run profiles show runpod`. The profile name goes into
+your inventory as rgt_profile."""
+
+
+def _add_profiles_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=["list", "show"], default="list", help="list (default) or show")
+    p.add_argument("name", nargs="?", metavar="NAME", help="the platform to show").completer = complete_profiles
+
+
+PLAYBOOK_COMMANDS = {
+    "smoke": ("run your job's smoke command on this machine's CPU (no box, nothing billed)", """\
+Run the smoke command of your job spec (rgt_job.smoke_command) once on this machine's CPU, from your code
+directory: a typo or an import error shows up here, before anything is uploaded or billed. Without -i it uses
+the built-in inventory of this machine.""", {"inventory": {"required": False, "default": None,
+                                                         "help": "your inventory (default: this machine)"}}),
+    "probe": ("audit each box before you pay for training on it (changes nothing)", """\
+Audit each box of the inventory without changing anything: GPU model, count and driver, CUDA, memory, disks and
+inodes, the mounts that survive a stop, the network. A box that does not match your job's needs is named with
+what is wrong.""", {}),
+    "env_check": ("check the Python, torch/CUDA, proxy and secrets your job will run with", """\
+Check the environment your job will run in on each box: the interpreter (rgt_job.python), torch and CUDA against
+the driver, the proxy and mirrors, scripts with Windows line ends, and that every secret your job names reaches
+the box (read from this shell, never stored).""", {}),
+    "train": ("smoke, probe, check, upload your code and start the job detached, then return", """\
+Start your job: smoke on this machine, probe and check each box, upload your code (resumably; every file's
+SHA-256 is verified on the box), then start the job detached so it survives your SSH session, and return. Running
+it again while the run is live changes nothing and says so. Follow it with `rgt-run watch`, `rgt-run pull` and
+`rgt-run teardown` (or run all of it with `rgt-run lifecycle`).""", {}),
+}
+
+
+def commands() -> dict[str, Command]:
+    """The dispatch table, in the order `rgt-run` lists it."""
+    from rgt import init, lifecycle, pin, pull, runreport, runs, status, teardown
+
+    table = [
+        Command("init", init.HELP, init.__doc__ or init.HELP, init.run, OUTPUT_ONLY, init.add_arguments),
+        Command("profiles", PROFILES_HELP, PROFILES_DESCRIPTION, cmd_profiles, OUTPUT_ONLY,
+                _add_profiles_arguments),
+        Command("pin", pin.HELP, pin.DESCRIPTION, pin.cmd_pin, ("inventory", "limit", *OUTPUT_ONLY),
+                pin.add_arguments),
+    ]
+    for name, (one_line, description, overrides) in PLAYBOOK_COMMANDS.items():
+        check = PLAN_HELP if name == "train" else CHECK_MODE_HELP
+        table.append(Command(name, one_line, description, cmd_playbook, ALL_SHARED, _playbook_options(check),
+                             overrides, PLAYBOOK_EPILOG.format(name=name), playbook=True))
+    table += [
+        Command("status", status.STATUS_HELP, status.STATUS_DESCRIPTION, status.run_status),
+        Command("watch", status.WATCH_HELP, status.WATCH_DESCRIPTION, status.cmd_watch, ALL_SHARED,
+                status.add_watch_arguments),
+        Command("pull", pull.HELP, pull.DESCRIPTION, pull.cmd_pull, ALL_SHARED, pull.add_arguments),
+        Command("teardown", teardown.HELP, teardown.DESCRIPTION, teardown.cmd_teardown, ALL_SHARED,
+                teardown.add_arguments),
+        Command("lifecycle", lifecycle.HELP, lifecycle.DESCRIPTION, lifecycle.cmd_lifecycle, ALL_SHARED,
+                lifecycle.add_arguments),
+        Command("runs", runs.HELP, runs.__doc__ or runs.HELP, runs.run, ("limit", *OUTPUT_ONLY),
+                runs.add_arguments),
+        Command("report", runreport.HELP, runreport.DESCRIPTION, runreport.run, ALL_SHARED,
+                runreport.add_arguments),
+    ]
+    return {c.name: c for c in table}
+
+
+def _playbook_names() -> list[str]:
+    return sorted(p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml"))
+
+
+def _subparser(sub, command: Command) -> argparse.ArgumentParser:
+    p = sub.add_parser(command.name, help=command.help, description=command.description, epilog=command.epilog,
+                       parents=[_shared(command.shared, **command.overrides)],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    if command.add_arguments:
+        command.add_arguments(p)
+    for action in p._actions:
+        if action.dest == "profile":  # `init --profile NAME`
+            action.completer = complete_profiles  # type: ignore[attr-defined]
+    return p
+
+
+TOP_DESCRIPTION = """\
+Deploy long GPU jobs on rented boxes, watch them, pull the results verified by SHA-256, and stop the meter only
+when nothing would be lost. Messages go to stderr; --json prints one JSON document on stdout.
+Exit codes: 0 ok, 1 failed, 2 bad input (nothing was touched), 3 refused by a safety gate, 4 a box unreachable,
+5 a run needs your attention."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = errors.ArgumentParser(prog="rgt-run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("playbook", help="playbook path or name (probe, env_check, train), or a subcommand: "
-                                    + ", ".join(SUBCOMMANDS))
-    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
-    p.add_argument("-e", "--extra-vars", action="append", default=[], help="extra vars: @job.yml, k=v or JSON")
-    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
-    p.add_argument("-t", "--tags", help="only these phases/tags")
-    p.add_argument("--skip-tags", help="skip these tags")
-    p.add_argument("-C", "--check", action="store_true", help="show what would change, change nothing")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    _common(p)
+    """`rgt-run` and every subcommand (the parser argcomplete completes from)."""
+    table = commands()
+    p = errors.ArgumentParser(prog="rgt-run", description=TOP_DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="A playbook name or path works as a command too: rgt-run playbooks/train.yml "
+                                     "-i INVENTORY (playbooks: " + ", ".join(_playbook_names()) + ").\n"
+                                     "`rgt-run COMMAND --help` tells more about each command.")
+    p.add_argument("--version", action="version", version=f"rgt-run {version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for command in table.values():
+        _subparser(sub, command)
     return p
 
+
+def playbook_parser(prog: str = "rgt-run PLAYBOOK") -> argparse.ArgumentParser:
+    """The parser of a playbook given by path that is no subcommand (a phase such as upload_resume or collect, or
+    a playbook of your own)."""
+    p = errors.ArgumentParser(prog=prog, description="Run this playbook on the inventory's boxes, with the same "
+                              "input checks, records and report as every other command.",
+                              parents=[_shared(ALL_SHARED)], formatter_class=argparse.RawDescriptionHelpFormatter)
+    _playbook_options(CHECK_MODE_HELP)(p)
+    return p
+
+
+def version() -> str:
+    """The installed distribution's version; in a checkout that was never installed, pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("rgt")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        import tomllib
+
+        return str(tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]["version"])
+    except (OSError, KeyError, ValueError):
+        return "unknown"
+
+
+def listing(table: dict[str, Command] | None = None) -> str:
+    """The subcommands, one line each (printed when the command is missing or unknown)."""
+    table = table or commands()
+    width = max(len(name) for name in table)
+    lines = ["usage: rgt-run COMMAND [options]   (rgt-run COMMAND --help tells more)", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {c.help}" for name, c in table.items()]
+    lines += ["", "or a playbook name or path: rgt-run playbooks/train.yml -i INVENTORY (playbooks: "
+              + ", ".join(_playbook_names()) + ")"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- shell completion (argcomplete)
+
+def complete_profiles(prefix: str = "", **_kwargs) -> list[str]:
+    try:
+        from rgt.profiles import profile_names
+
+        return [name for name in profile_names() if name.startswith(prefix)]
+    except Exception:  # noqa: BLE001 - a completer never fails loudly
+        return []
+
+
+def _yaml_names(doc: object, out: set[str]) -> None:
+    """Host and group names of a YAML inventory (`all: {hosts: {...}, children: {group: {...}}}`)."""
+    if not isinstance(doc, dict):
+        return
+    for group, body in doc.items():
+        if not isinstance(group, str) or group.startswith("_"):
+            continue
+        out.add(group)
+        if isinstance(body, dict):
+            if isinstance(body.get("hosts"), dict):
+                out.update(str(h) for h in body["hosts"])
+            _yaml_names(body.get("children"), out)
+
+
+def _ini_names(text: str, out: set[str]) -> None:
+    section = ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].split(";", 1)[0].strip() if not raw.lstrip().startswith(("#", ";")) else ""
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            name, _, kind = section.partition(":")
+            out.add(name)
+            section = kind
+            continue
+        if section == "vars":
+            continue
+        out.add(line.split()[0])
+
+
+def inventory_names(inventory: str | os.PathLike) -> list[str]:
+    """Host and group names of an inventory file or directory, read as text (no Ansible, no templating): what
+    `-l` completes from. Unreadable or odd files give fewer names, never an error."""
+    inv = Path(inventory).expanduser()
+    files = ([p for p in sorted(inv.iterdir()) if p.is_file() and p.name != "known_hosts"
+              and p.suffix in (".yml", ".yaml", ".json", ".ini", "")] if inv.is_dir() else [inv])
+    names: set[str] = set()
+    for path in files:
+        try:
+            text = path.read_text(errors="replace")[:1 << 20]
+            if path.suffix in (".yml", ".yaml", ".json"):
+                _yaml_names(yaml.safe_load(text), names)
+            else:
+                _ini_names(text, names)
+        except Exception:  # noqa: BLE001,S112 - a completer never fails loudly
+            continue
+    names.discard("all")
+    names.discard("ungrouped")
+    return sorted(names)
+
+
+def _ledger_hosts(ledger: str | None) -> list[str]:
+    """Hosts the ledger remembers runs of (`runs -l`, which takes no inventory)."""
+    root = Path(ledger or os.environ.get("RGT_LEDGER") or ".rgt").expanduser() / "runs"
+    try:
+        return sorted(p.stem for p in root.glob("*.json"))
+    except OSError:
+        return []
+
+
+def complete_hosts(prefix: str = "", parsed_args: argparse.Namespace | None = None, **_kwargs) -> list[str]:
+    """`-l`: the host and group names of the `-i` inventory (else the ledger's hosts); completes the last item of
+    a comma-separated list."""
+    try:
+        inventory = getattr(parsed_args, "inventory", None)
+        names = (inventory_names(inventory) if inventory and Path(inventory).expanduser().exists()
+                 else [] if inventory else _ledger_hosts(getattr(parsed_args, "ledger", None)))
+        head, _, last = prefix.rpartition(",")
+        lead = f"{head}," if head else ""
+        taken = set(head.split(",")) if head else set()
+        return [lead + name for name in names if name.startswith(last) and name not in taken]
+    except Exception:  # noqa: BLE001 - a completer never fails loudly
+        return []
+
+
+# ---------------------------------------------------------------- commands
 
 def emit(doc: dict, as_json: bool) -> None:
     if as_json:
@@ -148,15 +431,13 @@ def emit(doc: dict, as_json: bool) -> None:
         sys.stdout.flush()
 
 
-def cmd_profiles(argv: list[str], console: Console) -> int:
+def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
     from rgt import profiles
 
-    p = errors.ArgumentParser(prog="rgt-run profiles", description="list platform profiles, or show one")
-    p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    p.add_argument("name", nargs="?")
-    _common(p)
-    args = p.parse_args(argv)
     if args.action == "list":
+        if args.name:
+            raise InputError(f"`rgt-run profiles list` takes no name (got {args.name!r})",
+                             fix=f"rgt-run profiles show {args.name}", field="name")
         items = profiles.list_profiles()
         if args.json:
             emit({"command": "profiles", "profiles": [profiles.profile_as_json(x) for x in items]}, True)
@@ -178,52 +459,62 @@ def cmd_profiles(argv: list[str], console: Console) -> int:
 
 
 def _unknown_command(name: str) -> InputError:
-    names = sorted(p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml"))
-    close = difflib.get_close_matches(name, [*SUBCOMMANDS, *names], n=1)
+    names = _playbook_names()
+    subcommands = list(commands())
+    close = difflib.get_close_matches(name, [*subcommands, *names], n=1)
     hint = f"did you mean `{close[0]}`? " if close else ""
     return InputError(f"unknown command or playbook '{name}'",
-                      fix=f"{hint}subcommands: {', '.join(SUBCOMMANDS)}; playbooks: {', '.join(names)} "
+                      fix=f"{hint}subcommands: {', '.join(subcommands)}; playbooks: {', '.join(names)} "
                           "(or a path to a playbook file)", field="command")
 
 
-def dispatch(argv: list[str], console: Console) -> int:
-    """Route a command line to its subcommand; anything else is a playbook."""
+def dispatch(argv: list[str], console: Console, parser: argparse.ArgumentParser | None = None) -> int:
+    """Route a command line through the dispatch table; a first word that is no subcommand is a playbook."""
+    parser = parser or build_parser()
     cmd = argv[0] if argv else ""
-    if cmd == "profiles":
-        return cmd_profiles(argv[1:], console)
-    if cmd == "pin":
-        from rgt.pin import cmd_pin
-        return cmd_pin(argv[1:], console)
-    if cmd in ("status", "watch"):
-        from rgt import status
-        return status.run(cmd, argv[1:], console)
-    if cmd == "pull":
-        from rgt import pull
-        return pull.cmd_pull(pull.build_parser().parse_args(argv[1:]), console)
-    if cmd == "teardown":
-        from rgt import teardown
-        return teardown.cmd_teardown(teardown.build_parser().parse_args(argv[1:]), console)
-    if cmd == "lifecycle":
-        from rgt import lifecycle
-        return lifecycle.cmd_lifecycle(lifecycle.build_parser().parse_args(argv[1:]), console)
     if cmd in ("-h", "--help"):
-        build_parser().print_help()
+        parser.print_help()
         return errors.OK
+    if cmd == "--version":
+        sys.stdout.write(f"rgt-run {version()}\n")
+        return errors.OK
+    table = commands()
     if not cmd or cmd.startswith("-"):
-        raise InputError("no command given", fix=f"rgt-run <command> ...: one of {', '.join(SUBCOMMANDS)}, or a "
+        console.print(listing(table), markup=False)
+        raise InputError("no command given", fix=f"rgt-run <command> ...: one of {', '.join(table)}, or a "
                          "playbook (`rgt-run playbooks/train.yml -i INV`)", field="command")
-    try:
-        playbook = paths.resolve_playbook(cmd)
-    except FileNotFoundError:
-        raise _unknown_command(cmd) from None
-    if playbook.parent == paths.PLAYBOOKS_DIR and playbook.stem == "teardown":
-        # the same gate and plan as `rgt-run teardown`: a confirmation only from the person at this command
-        from rgt import teardown
-        return teardown.cmd_teardown(teardown.build_parser().parse_args(argv[1:]), console)
-    if playbook.stem == "smoke" and not ({"-i", "--inventory"} & set(argv)):
-        # the smoke runs on the controller: no box needed, the embedded local inventory carries it
-        argv = [*argv, "-i", str(paths.REPO_ROOT / "inventories" / "local")]
-    return cmd_playbook(build_parser().parse_args(argv), console)
+    rest = argv[1:]
+    name, playbook = cmd, cmd
+    if cmd not in table:
+        try:
+            resolved = paths.resolve_playbook(cmd)
+        except FileNotFoundError:
+            console.print(listing(table), markup=False)
+            raise _unknown_command(cmd) from None
+        # a playbook of the collection that is also a subcommand parses as that subcommand; `playbooks/teardown.yml`
+        # is `rgt-run teardown`: the same gate and plan, a confirmation only from the person at this command
+        name = resolved.stem if resolved.parent == paths.PLAYBOOKS_DIR else ""
+        if not (name in table and (table[name].playbook or name == "teardown")):
+            name = ""
+    if name:
+        sub = _subparsers(parser)[name]
+        args = sub.parse_args(rest)
+    else:
+        args = playbook_parser(f"rgt-run {cmd}").parse_args(rest)
+    command = table.get(name)
+    if command is None or command.playbook:
+        args.playbook = playbook
+        if args.inventory is None:  # smoke: runs on this machine, the built-in local inventory carries it
+            args.inventory = str(LOCAL_INVENTORY)
+        return cmd_playbook(args, console)
+    return command.run(args, console)
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     as_json = "--json" in argv
     try:
-        return dispatch(argv, console)
+        parser = build_parser()
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # with $_ARGCOMPLETE set (a shell completing): completes and exits
+        return dispatch(argv, console, parser)
     except RgtError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         if exc.fix:
@@ -258,12 +553,25 @@ def prepare(args: argparse.Namespace, pins: bool = True):
         if not isinstance(extravars["rgt_job"], dict):
             raise InputError("rgt_job must be a mapping", fix="pass -e @job.yml with `rgt_job:` at the top",
                              field="rgt_job")
-        validate_job(extravars["rgt_job"], f"rgt_job ({origins.get('rgt_job', 'extra vars')})")
+        # relative local paths follow the file they were written in (`-e @job.yml`), else the current directory
+        base = jobspec.origin_dir(origins.get("rgt_job"))
+        validate_job(extravars["rgt_job"], f"rgt_job ({origins.get('rgt_job', 'extra vars')})", base)
+        extravars["rgt_job"] = jobspec.resolve_paths(extravars["rgt_job"], base)
     try:
         playbook = paths.resolve_playbook(args.playbook)
     except FileNotFoundError:
         raise _unknown_command(args.playbook) from None
     hosts = load_hosts(args.inventory, args.limit, extravars)
+    profiles.check_launch(playbook.stem, hosts)  # a detach primitive not built yet: refused before any box
+    if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)
+                                            and h.vars["rgt_job"].get("smoke_command") for h in hosts):
+        raise InputError("there is nothing to smoke: the job spec has no smoke_command",
+                         fix="set rgt_job.smoke_command to one or two batches of the training command on CPU "
+                             "(e.g. `python train.py --steps 2`)", field="rgt_job.smoke_command")
+    if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
+        memory.recall(ledger_dir(getattr(args, "ledger", None)), hosts)
+    # an inventory's job: its relative paths follow the inventory file that wrote it (the roles read this)
+    extravars["rgt_job_base_dirs"] = {h.name: str(h.job_base) for h in hosts if h.job_base}
     if playbook.stem in SECRET_PLAYBOOKS:
         missing = missing_secrets(hosts)
         if missing:
@@ -281,7 +589,12 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     from rgt import report
     from rgt.phases import run_playbook
 
-    smoke_only = paths.resolve_playbook(args.playbook).stem == "smoke" if args.playbook else False
+    resolved = paths.resolve_playbook(args.playbook) if args.playbook else None
+    if (args.check and resolved == paths.PLAYBOOKS_DIR / "train.yml" and not args.tags and not args.skip_tags):
+        from rgt import plan
+
+        return plan.cmd_plan(args, console)  # -C on train: the plan per host, no box contacted
+    smoke_only = resolved is not None and resolved.stem == "smoke"
     playbook, hosts, extravars = prepare(args, pins=not smoke_only)
     ledger = ledger_dir(args.ledger)
     if not smoke_only:

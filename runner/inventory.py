@@ -14,14 +14,13 @@ from pathlib import Path
 import jsonschema
 from referencing import Registry, Resource
 
-from rgt import paths
+from rgt import jobspec, paths
 from rgt.errors import InputError
 from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 CONFIRM_VARS = ("rgt_teardown_confirm", "rgt_teardown_confirms")
-_layout = paths.module_util("rgt_runlayout")  # the box's name and env-name rules, one home
-_manifest = paths.module_util("rgt_manifest")  # the capsule's relative-path rule
+_layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
 
 
 @dataclass
@@ -29,6 +28,9 @@ class Host:
     name: str
     vars: dict
     profile: dict = field(default_factory=dict)
+    job_base: Path | None = None  # where a relative rgt_job.code_dir/data_dir of the inventory's job resolves
+    recalled: dict | None = None  # the run remembered in the ledger (rgt.memory), when no job spec was given
+    other_runs: list[str] = field(default_factory=list)  # older remembered runs of the host (status shows them)
 
     @property
     def instance_id(self) -> str:
@@ -76,20 +78,26 @@ def explain(error: jsonschema.ValidationError, where: str) -> InputError:
         return InputError(f"{where}: unknown key '{bad}'",
                           fix=f"remove it; allowed keys of {fld or 'this object'}: "
                               + ", ".join(sorted(error.schema.get("properties", {}))), field=bad)
+    if fld.endswith("webhook_env"):
+        # a pasted webhook URL is a secret: never echo the value
+        return InputError(f"{where}: field '{fld}' must be the NAME of an environment variable (e.g. "
+                          "SLACK_WEBHOOK_URL), not the URL", fix="export SLACK_WEBHOOK_URL=... in this shell and "
+                          "write webhook_env: SLACK_WEBHOOK_URL", field=fld)
     desc = error.schema.get("description", "")
     return InputError(f"{where}: field '{fld}' is invalid: {error.message}",
                       fix=(f"expected {error.validator} {error.validator_value!r}" + (f" — {desc}" if desc else "")),
                       field=fld)
 
 
-def validate_job(job: dict, where: str = "job spec") -> None:
-    """Validate a job spec given as extra vars; field paths read `rgt_job.<field>` like in an inventory."""
+def validate_job(job: dict, where: str = "job spec", base: Path | None = None) -> None:
+    """Validate a job spec given as extra vars; field paths read `rgt_job.<field>` like in an inventory.
+    `base`: where its relative local paths resolve (rgt.jobspec; default the current directory)."""
     wrapper = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
                "properties": {"rgt_job": {"$ref": "job.schema.json"}}}
     errors = sorted(_validator(wrapper).iter_errors({"rgt_job": job}), key=lambda e: list(e.absolute_path))
     if errors:
         raise explain(errors[0], where)
-    check_job(job, where)
+    check_job(job, where, base)
 
 
 def _templated(value: object) -> bool:
@@ -113,9 +121,10 @@ def _nonfinite(value: object, path: str) -> str | None:
     return None
 
 
-def check_job(job: dict, where: str) -> None:
+def check_job(job: dict, where: str, base: Path | None = None) -> None:
     """What the schema cannot say: names built into paths on the box (the box's own rule), env names, NaN and
-    infinities, output and checkpoint paths that stay inside the run, a code dir that exists."""
+    infinities, output and checkpoint paths that stay inside the run, a code dir that exists (a relative one
+    against `base`, the directory of the file it was written in; default the current directory)."""
     bad = _nonfinite(job, "rgt_job")
     if bad:
         raise InputError(f"{where}: {bad} is not a finite number", fix="give a plain number (not .nan or .inf)",
@@ -136,13 +145,13 @@ def check_job(job: dict, where: str) -> None:
             raise InputError(f"{where}: rgt_job.env: {problem}", fix="rename the variable; values go after the "
                              "colon (`MY_SETTING: value`)", field=f"rgt_job.env.{name}")
     declared = ((job.get("checkpoint") or {}).get("declared") or [])
-    for field_name, items, base in (("outputs", job.get("outputs") or [], "RGT_OUT_DIR"),
-                                    ("checkpoint.declared", declared, "RGT_CKPT_DIR")):
+    for field_name, items, env_dir in (("outputs", job.get("outputs") or [], "RGT_OUT_DIR"),
+                                       ("checkpoint.declared", declared, "RGT_CKPT_DIR")):
         for item in items:
-            problem = None if _templated(item) else _manifest.check_relpath(item.rstrip("/") or item)
+            problem = None if _templated(item) else _layout.check_relpath(item.rstrip("/") or item)
             if problem:
                 raise InputError(f"{where}: rgt_job.{field_name} entry {item!r} is refused: {problem}",
-                                 fix=f"give paths relative to {base}, without '..' (e.g. weights.bin, ckpt-*/)",
+                                 fix=f"give paths relative to {env_dir}, without '..' (e.g. weights.bin, ckpt-*/)",
                                  field=f"rgt_job.{field_name}")
     for key in ("code_dir", "data_dir"):
         value = job.get(key)
@@ -150,7 +159,7 @@ def check_job(job: dict, where: str) -> None:
             continue
         local = Path(value).expanduser()
         if not local.is_absolute():
-            local = paths.REPO_ROOT / local  # the shipped playbooks resolve a relative path from the collection root
+            local = (base or Path.cwd()) / local
         if not local.exists():
             raise InputError(f"{where}: rgt_job.{key} {value!r} does not exist ({local})",
                              fix=f"set rgt_job.{key} to the local directory to ship", field=f"rgt_job.{key}")
@@ -177,11 +186,15 @@ def ansible_env() -> dict:
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_CONFIG"] = str(paths.ANSIBLE_CFG)
     env["ANSIBLE_COLLECTIONS_PATH"] = str(paths.ensure_collection_link())
+    # Ansible runs from the collection root; `lookup('env', 'PWD')` in the roles and the local inventory means
+    # the user's directory (relative job paths, ./runs, the local box), whoever started this process
+    env["PWD"] = os.getcwd()
     return env
 
 
-def read_inventory(inventory: str, limit: str | None = None) -> dict:
-    """The merged host vars per host, as `ansible-inventory --list` sees them (group_vars included)."""
+def read_inventory(inventory: str, limit: str | None = None, groups: dict | None = None) -> dict:
+    """The merged host vars per host, as `ansible-inventory --list` sees them (group_vars included). `groups`
+    (when given) gets each host's groups."""
     inv = Path(inventory)
     if not str(inventory).strip() or not inv.exists():
         raise InputError(f"inventory '{inventory}' does not exist", fix="pass -i inventories/<platform>",
@@ -197,12 +210,18 @@ def read_inventory(inventory: str, limit: str | None = None) -> dict:
         raise InputError(f"inventory '{inventory}' could not be parsed: {detail}",
                          fix="check the YAML/INI syntax of the inventory and its group_vars/host_vars", field="-i")
     data = json.loads(proc.stdout)
+    if groups is not None:
+        for group, members in data.items():
+            if group != "_meta" and isinstance(members, dict):
+                for host in members.get("hosts") or []:
+                    groups.setdefault(host, []).append(group)
     return data.get("_meta", {}).get("hostvars", {})
 
 
 def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None = None) -> list[Host]:
     """Validate every host's rgt_* variables and profile; raise InputError naming the first bad field."""
-    merged = read_inventory(inventory, limit)
+    groups: dict[str, list[str]] = {}
+    merged = read_inventory(inventory, limit, groups)
     if not merged:
         raise InputError(f"inventory '{inventory}' has no hosts" + (f" matching --limit {limit}" if limit else ""),
                          fix="add a host with rgt_profile and rgt_instance_id", field="-i")
@@ -242,9 +261,10 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
                 if problem:
                     raise InputError(f"host '{name}': {key}: {problem}", fix=f"set {key} to a plain name",
                                      field=key)
-        if isinstance(hv.get("rgt_job"), dict):
-            check_job(hv["rgt_job"], f"host '{name}'")
-        hosts.append(Host(name=name, vars=hv, profile=profile))
+        job_base = jobspec.inventory_dir_of_job(inventory, name, groups.get(name))
+        if isinstance(hv.get("rgt_job"), dict) and "rgt_job" not in extravars:
+            check_job(hv["rgt_job"], f"host '{name}'", job_base)
+        hosts.append(Host(name=name, vars=hv, profile=profile, job_base=job_base))
     check_shared_instances(hosts)
     return hosts
 

@@ -15,24 +15,23 @@ from rich.console import Console
 
 from rgt import errors, paths
 
+HELP = "train, watch, pull and teardown in one go; run it again to resume where it stopped"
+DESCRIPTION = """\
+The whole life of a run in one command: train (smoke, probe, check, upload, start detached), watch until it
+settles, pull and verify the results, then teardown. Each step is the same as the command of that name, and each
+is safe to repeat, so running the lifecycle again resumes where it stopped: a live run is watched, not started
+twice; a verified pull is checked again, not sent again; teardown still needs the instance id typed (or
+--confirm INSTANCE_ID). On a platform with nothing to stop (your own machine) there is no teardown step."""
 
-def build_parser() -> argparse.ArgumentParser:
-    p = errors.ArgumentParser(prog="rgt-run lifecycle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
-    p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
-                   help="extra vars: @job.yml, k=v or JSON")
-    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between watch ticks (30)")
-    p.add_argument("--max-ticks", dest="max_ticks", type=int, default=2880,
-                   help="give up watching after this many ticks (2880: a day at 30 s)")
-    p.add_argument("--runs-dir", help="local runs root (default $RGT_RUNS_DIR or ./runs)")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds between looks while watching (30)")
+    p.add_argument("--max-ticks", dest="max_ticks", type=int, default=2880, metavar="N",
+                   help="give up watching after this many looks (2880: a day at 30 s)")
+    p.add_argument("--runs-dir", metavar="DIR", help="where the results land (default $RGT_RUNS_DIR or ./runs)")
     p.add_argument("--confirm", action="append", default=[], metavar="INSTANCE_ID",
                    help="confirm the teardown of this exact instance (repeat per host)")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    return p
 
 
 def _stop_verbs(args: argparse.Namespace) -> set[str]:

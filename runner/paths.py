@@ -1,4 +1,14 @@
-"""Where the collection lives, and the collections path Ansible needs to resolve `rgt.remote_gpu`."""
+"""Where the collection `rgt.remote_gpu` lives, and the collections path Ansible resolves it by.
+
+Two layouts, one set of names (REPO_ROOT, PLAYBOOKS_DIR, ANSIBLE_CFG, MODULE_UTILS_DIR all mean "the collection
+root" and what is in it; COLLECTIONS_DIR is the collections path handed to Ansible):
+- installed (pip, pipx): the wheel carries the collection inside the package, as a real collections tree
+  `rgt/_collection/ansible_collections/rgt/remote_gpu/` (setup.py's build hook). Ansible is pointed at
+  `rgt/_collection`; nothing is written into site-packages at run time.
+- a checkout (an editable install, the tests): the repo root is the collection. Ansible finds it through
+  `.collections/ansible_collections/rgt/remote_gpu -> ../../..` (git-ignored; made by scripts/bootstrap, the
+  tests' conftest, and `ensure_collection_link()` when missing).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +21,16 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parent
+EMBEDDED_COLLECTIONS = PACKAGE_DIR / "_collection"  # an installed wheel's collections path
+_EMBEDDED_ROOT = EMBEDDED_COLLECTIONS / "ansible_collections" / "rgt" / "remote_gpu"
+INSTALLED = (_EMBEDDED_ROOT / "galaxy.yml").is_file()
+
+REPO_ROOT = _EMBEDDED_ROOT if INSTALLED else PACKAGE_DIR.parent  # the collection root
 PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
 ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
-COLLECTIONS_DIR = REPO_ROOT / ".collections"
 MODULE_UTILS_DIR = REPO_ROOT / "plugins" / "module_utils"
+COLLECTIONS_DIR = EMBEDDED_COLLECTIONS if INSTALLED else REPO_ROOT / ".collections"
 
 
 MODULE_UTILS_PACKAGE = "ansible_collections.rgt.remote_gpu.plugins.module_utils"
@@ -46,13 +61,25 @@ def module_util(name: str) -> ModuleType:
 
 
 def ensure_collection_link() -> Path:
-    """Make `.collections/ansible_collections/rgt/remote_gpu` point at the repo root (idempotent)."""
+    """The collections path that makes Ansible resolve `rgt.remote_gpu` to REPO_ROOT (COLLECTIONS_DIR).
+
+    Installed: the package's own tree, untouched. A checkout: `.collections/ansible_collections/rgt/remote_gpu`
+    -> the repo root, made when missing or dangling: a symlink under a unique temp name, renamed over the link
+    (atomic, so concurrent runners never see a half-made link nor fail on each other's)."""
+    if INSTALLED:
+        return COLLECTIONS_DIR
     link = COLLECTIONS_DIR / "ansible_collections" / "rgt" / "remote_gpu"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink():  # dangling
-            link.unlink()
-        os.symlink(os.path.relpath(REPO_ROOT, link.parent), link)
+    if link.exists():
+        return COLLECTIONS_DIR
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.parent / f".remote_gpu.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(REPO_ROOT, link.parent), tmp)
+    try:
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return COLLECTIONS_DIR
 
 

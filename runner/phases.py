@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import tempfile
@@ -14,9 +15,10 @@ from pathlib import Path
 import ansible_runner
 from rich.console import Console
 
-from rgt import errors, paths
+from rgt import errors, memory, paths
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
+from rgt.progress import ProgressTail
 
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
@@ -35,7 +37,10 @@ class PhaseResult:
 
     @property
     def exit_code(self) -> int:
-        """Map what happened to design.md's exit codes; identity failures outrank transport failures."""
+        """Map what happened to the exit codes (docs/internals.md "Exit codes").
+
+        Identity failures outrank transport failures.
+        """
         outcomes = self.hosts.values()
         if any(o.host_key_mismatch or o.gate_refused for o in outcomes):
             return errors.REFUSED
@@ -69,10 +74,13 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     # ansible-runner installs its own SIGINT handler and does not restore it (#1075)
     saved_sigint = signal.getsignal(signal.SIGINT)
     env = ansible_env()
-    env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH")}
+    env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH", "PWD")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
     evars = dict(extravars or {})
     evars["rgt_ledger_dir"] = str(ledger)
+    # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them
+    tail = ProgressTail(console, private / "progress")
+    evars.update(tail.extravars())
     cmdline = []
     if tags:
         cmdline += ["--tags", tags]
@@ -86,12 +94,21 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
         kh = known_hosts_file(inventory, ssh_hosts[0])
         evars.setdefault("ansible_ssh_extra_args", SSH_PIN_ARGS.format(
             known_hosts="{{ rgt_known_hosts | default('%s') }}" % kh))
+    sources: str | list[str] = str(Path(inventory).resolve())
+    recalled = {h.name: {"rgt_job": h.recalled["job"], "monitor_other_run_ids": h.other_runs}
+                for h in hosts if h.recalled}
+    if recalled:
+        # runs remembered in the ledger (rgt.memory): a second inventory source gives those hosts their job
+        overlay = private / "remembered.json"
+        overlay.write_text(json.dumps({"all": {"hosts": recalled}}))
+        sources = [sources, str(overlay)]
     try:
+        tail.start()
         runner = ansible_runner.run(
             private_data_dir=str(private),
             project_dir=str(paths.REPO_ROOT),
             playbook=str(playbook),
-            inventory=str(Path(inventory).resolve()),
+            inventory=sources,
             limit=limit,
             extravars=evars,
             envvars=env_overrides,
@@ -108,6 +125,8 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
                              ident=ident, rc=runner.rc, status=runner.status, hosts=sink.hosts,
                              stats=sink.stats, started=started)
     finally:
+        tail.stop()
         signal.signal(signal.SIGINT, saved_sigint)
         shutil.rmtree(private, ignore_errors=True)
+    memory.remember_launches(ledger, hosts, result)
     return result

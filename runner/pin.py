@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -33,15 +34,20 @@ def scan(host: str, port: int, timeout: int = 10) -> str | None:
     return None
 
 
-def cmd_pin(argv: list[str], console: Console) -> int:
-    p = errors.ArgumentParser(prog="rgt-run pin", description=__doc__)
-    p.add_argument("-i", "--inventory", required=True)
-    p.add_argument("-l", "--limit")
+HELP = "record each box's SSH host key once, by instance id (never replaced silently)"
+DESCRIPTION = """\
+Record each box's SSH host key once, under its instance id, in known_hosts beside your inventory, and print its
+fingerprint: compare it with the one the platform console shows. rgt connects only to boxes whose key is pinned.
+A box that later offers another key is refused (exit 3) until you check it and pass --replace INSTANCE_ID.
+Boxes on this machine (a local connection) need no pin."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", metavar="INSTANCE_ID",
                    help="replace the pinned key of exactly this instance (after checking it in the console)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--ledger")
-    args = p.parse_args(argv)
+
+
+def cmd_pin(args: argparse.Namespace, console: Console) -> int:
     hosts = [h for h in load_hosts(args.inventory, args.limit) if not h.is_local]
     results = []
     for host in hosts:

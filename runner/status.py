@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rgt import errors
@@ -63,12 +64,20 @@ def host_doc(name: str, outcome, now: float) -> dict:
     doc["hostname"] = doc.get("host")
     doc["host"] = name
     doc["seen_at"] = now
+    if report.get("other_runs"):  # older runs remembered on this host, from the same round trip
+        doc["other_runs"] = [{**other, "hostname": other.get("host"), "host": name, "seen_at": now}
+                             for other in report["other_runs"] if isinstance(other, dict)]
     return doc
 
 
+def every_run(docs: dict[str, dict]) -> list[dict]:
+    """Each host's document and the documents of the other runs seen on that host."""
+    return [run for doc in docs.values() for run in (doc, *(doc.get("other_runs") or []))]
+
+
 def exit_code(docs: dict[str, dict]) -> int:
-    """design.md exit codes for status/watch; host identity first, then attention, job, transport."""
-    values = list(docs.values())
+    """Exit codes for status/watch over every run seen; host identity first, then attention, job, transport."""
+    values = every_run(docs)
     if any(d.get("host_key_mismatch") for d in values):
         return errors.REFUSED
     if any(d.get("attention") for d in values):
@@ -171,23 +180,28 @@ def state_text(doc: dict, now: float) -> str:
 
 def render_table(console: Console, docs: dict[str, dict]) -> None:
     now = time.time()
-    priced = any(d.get("cost_so_far") is not None for d in docs.values())
+    priced = any(d.get("cost_so_far") is not None for d in every_run(docs))
     table = Table(show_edge=False, pad_edge=False)
-    columns = ["host", "state", "att", "step", "loss", "gpu", "disk%", "inode%", "hb s"]
+    several = any(d.get("other_runs") for d in docs.values())  # a run column only when a host shows several
+    columns = ["host", *(["run"] if several else []), "state", "att", "step", "loss", "gpu", "disk%", "inode%",
+               "hb s"]
     if priced:
         columns.append("cost")
     for col in columns:
         table.add_column(col, overflow="fold")
-    for name, doc in sorted(docs.items()):
-        f = summary_fields(doc)
-        style = STATE_STYLE.get(doc.get("state"), "white")
-        row = [name, f"[{style}]{doc.get('state', '?')}[/]", f["attempt"], f["step"], f["loss"], f["util"],
-               f["disk"], f["inode"], f["hb"]]
-        if priced:
-            row.append(f["cost"])
-        table.add_row(*row)
+    for name, host_doc_ in sorted(docs.items()):
+        for doc in (host_doc_, *(host_doc_.get("other_runs") or [])):
+            f = summary_fields(doc)
+            style = STATE_STYLE.get(doc.get("state"), "white")
+            row = [name, *([escape(str(doc.get("run_id") or "-"))] if several else []),
+                   f"[{style}]{doc.get('state', '?')}[/]", f["attempt"], f["step"], f["loss"], f["util"], f["disk"],
+                   f["inode"], f["hb"]]
+            if priced:
+                row.append(f["cost"])
+            table.add_row(*row)
     console.print(table)
-    for name, doc in sorted(docs.items()):
+    for doc in sorted(every_run(docs), key=lambda d: (d["host"], str(d.get("run_id")))):
+        name = doc["host"] if not docs[doc["host"]].get("other_runs") else f"{doc['host']}:{doc.get('run_id')}"
         for item in doc.get("attention") or []:
             console.print(f"  [red]attention[/red] {name}: {item.get('id')}: {item.get('message')}")
         if doc.get("error"):
@@ -271,8 +285,13 @@ class Schedule:
 
 
 def is_terminal(doc: dict, resumable: bool = False) -> bool:
-    """Nothing more to wait for on this host: the run ended, needs a human, or the box refused us."""
-    if doc.get("host_key_mismatch") or doc.get("attention"):
+    """Nothing more to wait for on this host: the run ended, needs a human, or the box refused us (and every
+    other run seen on the host has ended too)."""
+    if doc.get("host_key_mismatch"):
+        return True
+    if not all(is_terminal(other) for other in doc.get("other_runs") or []):
+        return False
+    if doc.get("attention"):
         return True
     state = doc.get("state")
     if state in TERMINAL_STATES:
@@ -327,6 +346,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     relaunches: list[dict] = []
     ticks = 0
     code = errors.OK
+    notifier = _watch_notifier(ledger, hosts, extravars, console)
     console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
                   "(dead runs are reported, never relaunched)")
     while ticks < max_ticks and schedule.active():
@@ -348,12 +368,15 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                          and (name, doc.get("attempt")) not in relaunched)
             note = f"next try in {delay:.0f} s" if doc.get("state") == "unreachable" else ""
             console.print(tick_line(name, doc, now, note), highlight=False)
+            for other in doc.get("other_runs") or []:
+                console.print(tick_line(f"{name}:{other.get('run_id')}", other, now), highlight=False)
             if resumable:
                 to_resume.append(name)
             elif is_terminal(doc):
                 schedule.done.add(name)
-            elif doc.get("state") == "preempted":
+            elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
+        _watch_notify(notifier, docs, latest)
         if to_resume:
             console.print(f"[yellow]relaunching[/yellow] preempted run(s) with auto_resume on: {', '.join(to_resume)}")
             rc = relaunch(args, console, to_resume, extravars=extravars, ledger=ledger,
@@ -377,35 +400,81 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             if item.get("error"):
                 console.print(f"  [magenta]{item['host']}[/magenta]: {item['error']}")
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
+    summary = _watch_summary(latest)
+    if summary:
+        console.print(summary, highlight=False, markup=False)
+    if notifier is not None:
+        try:
+            notifier.flush()
+        except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
+            console.print(f"notify: not flushed ({type(exc).__name__}: {exc})", highlight=False, markup=False)
     console.print(f"watch stopped after {ticks} tick(s): {reason}; exit {code}")
     emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
-          "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
+          "summary": summary, "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
     return code
 
 
-# ---------------------------------------------------------------- entry points (wired into rgt.cli by the lead)
+def _watch_summary(latest: dict[str, dict]) -> str:
+    """The one-glance line (rgt.runreport.glance); empty when nothing was seen."""
+    if not latest:
+        return ""
+    from rgt import runreport
 
-def _parser(prog: str, watch: bool) -> argparse.ArgumentParser:
-    p = errors.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
-    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
-    p.add_argument("-e", "--extra-vars", dest="extra_vars", action="append", default=[],
-                   help="extra vars: @job.yml, k=v or JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    if watch:
-        p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between ticks (90)")
-        p.add_argument("--max-ticks", dest="max_ticks", type=int, default=DEFAULT_MAX_TICKS,
-                       help="stop after this many ticks (120)")
-    return p
+    return runreport.glance(latest)
 
 
-def run(command: str, argv: list[str], console: Console) -> int:
-    """`rgt-run status|watch ARGS` (errors are reported by rgt.cli.main)."""
-    args = _parser(f"rgt-run {command}", command == "watch").parse_args(argv)
-    if command == "watch":
-        return cmd_watch(args, console)
+def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console):
+    """The notification rules of these hosts (rgt.notify), or None when no run asks for any."""
+    from rgt import notify
+
+    notifier = notify.notifier_for(ledger, hosts, extravars, console)
+    return notifier if notifier.active else None
+
+
+def _watch_notify(notifier, docs: dict[str, dict], latest: dict[str, dict]) -> None:
+    """One pass per tick: the transitions in this tick's documents, each message carrying the summary of every
+    host seen so far; then the deliveries due (bounded in time, never raising)."""
+    if notifier is None:
+        return
+    from rgt import runreport
+
+    try:
+        facts = {h: runreport.run_facts(d) for h, d in docs.items() if d.get("state") != "unreachable"}
+        notifier.observe(docs, facts, _watch_summary(latest))
+        notifier.deliver()
+    except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
+        notifier.console.print(f"notify: skipped this tick ({type(exc).__name__}: {exc})",
+                               highlight=False, markup=False)
+
+
+# ---------------------------------------------------------------- command line (the table is in rgt.cli)
+
+STATUS_HELP = "look at each box once: the state of its run, step, loss, GPU use, disk, heartbeat (read-only)"
+STATUS_DESCRIPTION = """\
+Look at each box once, read-only, and print one row per host: the run's state (running, stalled, finished,
+failed, dead, preempted), step and loss from its log, GPU use, free disk and inodes, the last heartbeat, the cost
+so far, and anything that needs your attention. A box that cannot be reached is shown as unreachable with the
+last state it reported; it is never taken for a dead job.
+Exit codes: 3 a host key does not match its pin, else 5 something needs your attention, else 1 a run failed, died,
+was preempted or never started, else 4 a box is unreachable, else 0 (every run running or finished)."""
+WATCH_HELP = "look again every 90 s until every run settles; resumes preempted runs that allow it"
+WATCH_DESCRIPTION = """\
+Run `rgt-run status` again and again (every 90 s by default, at most 120 times) until every run has finished,
+failed, died, or needs your attention. A box that cannot be reached is asked again later and later (doubling, at
+most every 10 minutes). A preempted run whose job spec says auto_resume: true is restarted from its newest
+checkpoint with the code it started with; failed runs and runs that need attention never are.
+Exit codes: as for `rgt-run status`."""
+
+
+def add_watch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                   help=f"seconds between looks ({DEFAULT_INTERVAL_S})")
+    p.add_argument("--max-ticks", dest="max_ticks", type=int, default=DEFAULT_MAX_TICKS, metavar="N",
+                   help=f"stop after this many looks ({DEFAULT_MAX_TICKS})")
+
+
+def run_status(args: argparse.Namespace, console: Console) -> int:
+    """`rgt-run status ARGS` (errors are reported by rgt.cli.main)."""
     args.interval, args.max_ticks = None, None
     return cmd_status(args, console)
 

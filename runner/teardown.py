@@ -1,4 +1,5 @@
-"""`rgt-run teardown`: stop the meter of each instance, behind the box-wide teardown gate (design.md "Teardown gate").
+"""`rgt-run teardown`: stop the meter of each instance, behind the box-wide teardown gate (docs/internals.md
+"Teardown gate").
 
 First it looks: a read-only play (playbooks/teardown.yml with teardown_plan_only, in check mode: no control-plane
 call, nothing changed on the box) lists EVERY run on each box, all projects, with its state and its export. Then
@@ -29,21 +30,24 @@ from rgt.ledger import ledger_dir, read_json, runs_dir
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = errors.ArgumentParser(prog="rgt-run teardown", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-i", "--inventory", required=True, help="inventory file or directory")
-    p.add_argument("-l", "--limit", help="limit to these hosts/groups")
-    p.add_argument("-e", "--extra-vars", action="append", default=[],
-                   help="extra vars: @file, k=v or JSON (a job spec is accepted, not needed)")
+HELP = "stop the meter of each box, only once every run on it is pulled and verified (asks first)"
+DESCRIPTION = """\
+Stop the meter of each box, behind a safety gate. First it looks at every box, read-only, and shows a plan per
+instance: every run on it (all projects) with its state and whether its results are pulled and verified here,
+what the stop does (stop or terminate, whether it can be undone, what it deletes), what keeps billing and which
+platform clocks it starts.
+It refuses, exit 3, without asking and without calling anything, while a run on the box is live, or finished
+without a verified pull of the results now on the box. Otherwise it asks you to type the instance id (or take
+--confirm INSTANCE_ID, one per instance), looks at the box again and only then stops it. Hosts that share one
+instance id (rgt_shared_volume: true) are one teardown. A job spec (-e @job.yml) is accepted but not needed."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confirm", action="append", default=[], metavar="INSTANCE_ID",
                    help="confirm the teardown of this instance (repeatable, one per instance); without it an "
                         "interactive terminal asks you to type the id, anything else is refused")
-    p.add_argument("--runs-dir", help="the runs root with the verified pulls (default $RGT_RUNS_DIR or ./runs)")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("--ledger", help="ledger directory (default $RGT_LEDGER or ./.rgt)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    return p
+    p.add_argument("--runs-dir", metavar="DIR",
+                   help="where your verified pulls are (default $RGT_RUNS_DIR or ./runs)")
 
 
 def manifest_lib():
@@ -246,7 +250,7 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     from rgt.phases import run_playbook
 
     ns = argparse.Namespace(playbook="teardown", extra_vars=args.extra_vars, inventory=args.inventory,
-                            limit=args.limit)
+                            limit=args.limit, ledger=args.ledger)
     playbook, hosts, extravars = prepare(ns, pins=True)
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Options every module that addresses one run on the box shares (docs/internals.md "Run spine")."""
 
 from __future__ import absolute_import, division, print_function

@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Filters that turn a host's Ansible connection variables into rsync's remote shell and target.
 
 upload_resume and collect both call rsync on the controller (delegate_to: localhost); they must reach the box

@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Controller-side meter-stop clients, one per `meter_stop.api.client` named in profiles/*.yml.
 
-Every client speaks the shapes in docs (platform-apis.md) through one stdlib HTTP helper:
+Every client speaks its platform's documented REST shapes (the ones tests/fakes/control_planes.py serves)
+through one HTTP helper on Ansible's `open_url`
+(proxies from the environment unless `use_proxy=False`; `validate_certs`, `ca_path`, `timeout` as in `uri`):
 - the key is read from the environment variable NAMED by the profile (`api.key_env`); it never appears in argv,
   a log line, an exception or a return value;
 - the base URL comes from the variable named by `api.base_url_env` when set, else the profile's `api.base_url`
@@ -25,7 +27,11 @@ import socket
 import time
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlencode
-from urllib.request import Request, urlopen
+
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry
 
 GONE = "gone"
 STOPPED = "stopped"
@@ -46,8 +52,11 @@ class Http(object):
     """A tiny JSON-over-HTTP client that records every call as {method, path, status} (no query values)."""
 
     def __init__(self, base_url, auth_header, key_env, timeout=30.0, max_retries_429=4, max_retry_after=60.0,
-                 sleep=time.sleep, platform="the platform"):
+                 sleep=time.sleep, platform="the platform", validate_certs=True, ca_path=None, use_proxy=True):
         self.base_url = base_url.rstrip("/")
+        self.validate_certs = validate_certs
+        self.ca_path = ca_path
+        self.use_proxy = use_proxy
         self._auth = auth_header  # (name, value) — private; never logged or returned
         self.key_env = key_env
         self.timeout = timeout
@@ -63,17 +72,18 @@ class Http(object):
         data = None if body is None else json.dumps(body).encode()
         attempt = 0
         while True:
-            req = Request(url, data=data, method=method)
-            req.add_header("Accept", "application/json")
+            headers = {"Accept": "application/json", self._auth[0]: self._auth[1]}
             if data is not None:
-                req.add_header("Content-Type", "application/json")
-            req.add_header(self._auth[0], self._auth[1])
+                headers["Content-Type"] = "application/json"
             entry = {"method": method, "path": path, "status": None}
             self.calls.append(entry)
             try:
-                resp = urlopen(req, timeout=timeout or self.timeout)
+                # use_netrc off: the key named by the profile is the only credential ever sent
+                resp = open_url(url, data=data, headers=headers, method=method, timeout=timeout or self.timeout,
+                                validate_certs=self.validate_certs, ca_path=self.ca_path, use_proxy=self.use_proxy,
+                                use_netrc=False, http_agent="rgt")
                 status, raw, headers = resp.status, resp.read(), resp.headers
-            except HTTPError as exc:
+            except HTTPError as exc:  # open_url raises it for every non-2xx answer: the status decides below
                 status, raw, headers = exc.code, exc.read() or b"", exc.headers
             except (socket.timeout, TimeoutError) as exc:
                 entry["status"] = "timeout"
@@ -84,6 +94,10 @@ class Http(object):
                 entry["status"] = "timeout" if isinstance(reason, (socket.timeout, TimeoutError)) else "error"
                 raise CloudError("%s %s: cannot reach %s (%s)" % (method, path, self.platform, reason),
                                  kind="timeout" if entry["status"] == "timeout" else "network") from None
+            except UrlsConnectionError as exc:  # TLS validation, proxy refusal: the request never got an answer
+                entry["status"] = "error"
+                raise CloudError("%s %s: cannot reach %s (%s)" % (method, path, self.platform, exc),
+                                 kind="network") from None
             entry["status"] = status
             doc = _parse(raw)
             if status == 429 and attempt < self.max_retries_429:
@@ -145,7 +159,8 @@ class Client(object):
     done_label = GONE
     platform = "the platform"
 
-    def __init__(self, api, env=None, base_url=None, http_timeout=30.0, sleep=time.sleep, max_retry_after=60.0):
+    def __init__(self, api, env=None, base_url=None, http_timeout=30.0, sleep=time.sleep, max_retry_after=60.0,
+                 validate_certs=True, ca_path=None, use_proxy=True):
         env = os.environ if env is None else env
         api = api or {}
         self.key_env = api.get("key_env") or ""
@@ -161,7 +176,8 @@ class Client(object):
                              (self.key_env or "the API key variable", self.key_env or "KEY", self.platform),
                              kind="auth")
         self.http = Http(url, ("Authorization", self.auth_scheme + key), self.key_env, timeout=http_timeout,
-                         sleep=sleep, max_retry_after=max_retry_after, platform=self.platform)
+                         sleep=sleep, max_retry_after=max_retry_after, platform=self.platform,
+                         validate_certs=validate_certs, ca_path=ca_path, use_proxy=use_proxy)
         self.warnings = []
 
     @property
@@ -321,8 +337,8 @@ class AutoDLToken(Client):
         self._check(doc, "power_off")
 
 
-CLIENTS = {"runpod_rest": RunPodRest, "vast_rest": VastRest, "lambda_rest": LambdaRest,
-           "paperspace_rest": PaperspaceRest, "autodl_token": AutoDLToken}
+# The clients by name: the API verbs of the registry (rgt_registry.METER_STOPS, each naming its class here).
+CLIENTS = dict((entry.name, globals()[entry.client_class]) for entry in rgt_registry.api_clients())
 
 
 def make_client(api, **kw):

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """The teardown gate (docs/internals.md "Teardown gate"): may this instance be stopped, given EVERY run on its box?
 
 Pure logic over the box listing (the `rgt_box_runs` module) and the controller's runs root. One copy, used by the

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Pure parsers for nvidia-smi output and kernel-log Xid lines.
 
 Nothing here runs a command or touches a file: the probe and status modules

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 """Pure parsers for host facts: df, cgroup v1/v2 files, /proc files.
 
 Host tools (`free`, `nproc`, `uptime`) describe the shared node, not the

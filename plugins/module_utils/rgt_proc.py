@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Bounded commands and lenient file reads for modules that gather facts on the box (Python 3.6+, stdlib)."""
 
 from __future__ import absolute_import, division, print_function

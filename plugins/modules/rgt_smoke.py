@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Ansible module: run the job's smoke command on the controller's CPU before anything is uploaded."""
 
 from __future__ import absolute_import, division, print_function

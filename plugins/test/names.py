@@ -1,4 +1,6 @@
 # -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """Jinja test `rgt.remote_gpu.rgt_name`: the one name rule (module_utils rgt_runlayout.check_name) for the roles'
 own input checks, so a playbook run without the runner refuses `..`, `.partial` or a trailing newline exactly as
 `rgt-run` and the modules on the box do."""

@@ -94,6 +94,11 @@ def test_a_missing_code_dir_is_refused_before_the_smoke(rgt, tmp_path):
     nothing_ran(rgt, tmp_path)
 
 
+def test_a_smoke_with_no_smoke_command_says_so_instead_of_passing(rgt, tmp_path):
+    result = rgt("smoke", "-e", json.dumps(good_job()), "--json")
+    refused(result, "nothing to smoke", field="rgt_job.smoke_command")
+
+
 def test_a_code_dir_that_is_a_file_is_refused(rgt, tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     result = rgt("smoke", "-e", json.dumps(good_job(code_dir=str(tmp_path / "train.py"), smoke_command="true")),

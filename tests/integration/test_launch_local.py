@@ -245,7 +245,7 @@ def test_launch_returns_at_once_and_the_run_finishes(box):
 
 @needs_tmux
 def test_a_live_run_is_never_started_twice(box):
-    job = {"command": tiny_command(steps=400, sleep=0.05)}
+    job = {"command": tiny_command(steps=4000, sleep=0.05)}
     first, result = box.play(job)
     assert first.returncode == 0, first.stdout + first.stderr
     wrappers = box.wrappers()

@@ -8,7 +8,6 @@
 # given, its state, logs and pid files live under that dir. Two test runs on one machine (CI runners share a
 # box) each start their own cluster and never stop or scancel the other's; /etc/slurm is not touched.
 # No accounting (accounting_storage/none: sacct does not work, squeue/scontrol do), proctrack/pgid, task/none.
-# Recipe: shared/reference/slurm-k8s.md §1.
 #
 # Knobs: RGT_SLURM_STATE=/tmp/rgt-slurm (keep it short: slurmd puts unix sockets under it),
 #        RGT_SLURM_CTLD_PORT=6817, RGT_SLURM_D_PORT=6818, RGT_SLURM_CPUS=2, RGT_SLURM_INSTALL=1 (0: never apt-get),
