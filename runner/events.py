@@ -24,6 +24,7 @@ class HostOutcome:
     unreachable: bool = False
     host_key_mismatch: bool = False
     gate_refused: bool = False  # a task failed with rc_hint 3: disk floor, unverified upload, live-run mutation
+    bad_input: bool = False  # a task failed with rc_hint 2: a module refused its input (e.g. an unbuilt primitive)
     messages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     results: dict = field(default_factory=dict)  # task-registered payloads we keep (probe report, env report)
@@ -31,6 +32,7 @@ class HostOutcome:
     def as_dict(self) -> dict:
         return {"ok": self.ok, "changed": self.changed, "failed": self.failed, "unreachable": self.unreachable,
                 "host_key_mismatch": self.host_key_mismatch, "gate_refused": self.gate_refused,
+                "bad_input": self.bad_input,
                 "messages": self.messages, "warnings": self.warnings}
 
 
@@ -100,6 +102,7 @@ class EventSink:
             else:
                 out.failed = True
                 out.gate_refused = out.gate_refused or res.get("rc_hint") == 3
+                out.bad_input = out.bad_input or res.get("rc_hint") == 2
                 out.messages.append(f"{task}: {msg}")
                 self._say(f"  {host:<16} [red]FAILED[/red]  {task}: {msg}")
             record["msg"] = msg

@@ -44,6 +44,8 @@ class PhaseResult:
         outcomes = self.hosts.values()
         if any(o.host_key_mismatch or o.gate_refused for o in outcomes):
             return errors.REFUSED
+        if any(o.bad_input for o in outcomes):
+            return errors.BAD_INPUT
         if any(o.failed for o in outcomes):
             return errors.FAILED
         if any(o.unreachable for o in outcomes):
