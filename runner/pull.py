@@ -114,11 +114,3 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
-def main_pull(argv: list[str] | None = None) -> int:
-    from rgt.cli import main
-
-    return main(["pull", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main_pull())

@@ -613,28 +613,3 @@ def run(args: argparse.Namespace, console: Console) -> int:
                                      "skipped": skipped, "exit_code": code}, sort_keys=True, default=str) + "\n")
         sys.stdout.flush()
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rgt.runreport ...`: the same command while `rgt-run report` is not in the dispatch table."""
-    from rgt import cli
-
-    parser = errors.ArgumentParser(prog="rgt-run report", description=DESCRIPTION,
-                                   parents=[cli._shared(cli.ALL_SHARED)],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return run(parser.parse_args(argv), console)
-    except errors.RgtError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
-        if exc.fix:
-            console.print(f"  fix: {exc.fix}")
-        if "--json" in argv:
-            sys.stdout.write(json.dumps({"command": "report", **exc.as_dict()}) + "\n")
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -479,13 +479,3 @@ def run_status(args: argparse.Namespace, console: Console) -> int:
     return cmd_status(args, console)
 
 
-def main_status(argv: list[str] | None = None) -> int:
-    from rgt.cli import main
-
-    return main(["status", *(sys.argv[1:] if argv is None else argv)])
-
-
-def main_watch(argv: list[str] | None = None) -> int:
-    from rgt.cli import main
-
-    return main(["watch", *(sys.argv[1:] if argv is None else argv)])

@@ -228,12 +228,6 @@ def confirmations(console: Console, items: list[dict], given: list[str], interac
     return confirmed, refused
 
 
-def main_teardown(argv: list[str] | None = None) -> int:
-    from rgt.cli import main
-
-    return main(["teardown", *(sys.argv[1:] if argv is None else argv)])
-
-
 def _look_code(items: list[dict]) -> int:
     statuses = {i["status"] for i in items}
     if "refused" in statuses:
@@ -401,6 +395,3 @@ def _next_step(doc: dict, inventory: str) -> str:
                 "longer need it")
     return ""
 
-
-if __name__ == "__main__":
-    raise SystemExit(main_teardown())

@@ -136,27 +136,6 @@ def parse_compute_apps(text, fields=None):
     return _csv_rows(text, fields, _COMPUTE_APPS_ALIASES)
 
 
-_LIST_GPU = re.compile(r"^GPU\s+(\d+):\s+(.*?)\s+\(UUID:\s*([^)]+)\)\s*$")
-_LIST_MIG = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*([^)]+)\)\s*$")
-
-
-def parse_list(text):
-    """Parse `nvidia-smi -L`: GPUs with their MIG children (if any)."""
-    gpus = []
-    for line in (text or "").splitlines():
-        line = line.rstrip("\r")
-        gpu = _LIST_GPU.match(line)
-        if gpu:
-            gpus.append({"index": int(gpu.group(1)), "name": gpu.group(2),
-                         "uuid": gpu.group(3).strip(), "mig": []})
-            continue
-        mig = _LIST_MIG.match(line)
-        if mig and gpus:
-            gpus[-1]["mig"].append({"profile": mig.group(1), "device": int(mig.group(2)),
-                                    "uuid": mig.group(3).strip()})
-    return gpus
-
-
 # ---------------------------------------------------------------- default table
 
 _BANNER_SMI = re.compile(r"NVIDIA-SMI\s+(\S+)")
@@ -402,40 +381,6 @@ _Q_REASON_KEYS = {
     "sw thermal slowdown": "sw_thermal_slowdown",
     "display clock setting": "display_clock_setting",
 }
-
-# NVML nvmlClocksEventReason* bits (same values as the deprecated
-# nvmlClocksThrottleReason* names; checked against the NVML API reference R525/R550).
-EVENT_REASON_BITS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
-# Reasons that cost speed for reasons outside the user's code.
-THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
-SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
-                    "hw_power_brake_slowdown")
-
-
-def decode_event_reasons(mask):
-    """Decode `clocks_event_reasons.active` ("0x0000000000000040" or int) to names."""
-    if mask is None:
-        return None
-    if not isinstance(mask, int):
-        text = str(mask).strip()
-        if is_missing(text):
-            return None
-        try:
-            mask = int(text, 16) if text.lower().startswith("0x") else int(text)
-        except ValueError:
-            return None
-    return [name for bit, name in EVENT_REASON_BITS if mask & bit]
 
 
 def _q_tree(text):

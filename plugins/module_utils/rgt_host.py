@@ -259,37 +259,3 @@ def parse_uptime(text):
         return float(parts[0])
     except (IndexError, ValueError):
         return None
-
-
-def _unescape_mount(text):
-    # mountinfo escapes space, tab, newline and backslash as \040 \011 \012 \134.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
-
-
-def parse_mountinfo(text):
-    """/proc/self/mountinfo -> [{mount_id, parent_id, dev, root, mountpoint, fstype, source}]."""
-    mounts = []
-    for line in (text or "").splitlines():
-        if " - " not in line:
-            continue
-        left, right = line.split(" - ", 1)
-        fields = left.split()
-        tail = right.split()
-        if len(fields) < 5 or len(tail) < 2:
-            continue
-        mounts.append({"mount_id": int(fields[0]), "parent_id": int(fields[1]),
-                       "dev": fields[2], "root": _unescape_mount(fields[3]),
-                       "mountpoint": _unescape_mount(fields[4]), "fstype": tail[0],
-                       "source": _unescape_mount(tail[1])})
-    return mounts
-
-
-def mount_for_path(mounts, path):
-    """The mountinfo entry a path lives on (longest mountpoint prefix; last one wins)."""
-    best = None
-    for mount in mounts or []:
-        point = mount["mountpoint"].rstrip("/") or "/"
-        if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
-            if best is None or len(point) >= len(best["mountpoint"].rstrip("/") or "/"):
-                best = mount
-    return best

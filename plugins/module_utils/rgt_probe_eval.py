@@ -18,10 +18,11 @@ Severity policy (one place, so the role and the docs can cite it):
   data.level "high" and a stronger message: nothing has run yet, the user can
   prune or expand); thermal or hardware slowdown active; other Xids that point
   at the GPU; kernel log unreadable; GPU name not matching the request; VRAM
-  size unknown; durable root on a mount that does not survive the profile's
-  meter-stop verb; export/.partial and export on different filesystems (a
-  warning, not critical: no run exists yet, and collect refuses a cross-
-  filesystem rename later); tmux or rsync missing; no Python found or the
+  size unknown; durable root on a mount that the profile's meter-stop verb
+  deletes (rgt_gate.deleted_mounts, the rule the teardown plan prints);
+  export/.partial and export on different filesystems (a warning, not
+  critical: no run exists yet, and collect refuses a cross-filesystem
+  rename later); tmux or rsync missing; no Python found or the
   job's interpreter missing; other processes already holding GPU memory.
 - info: Xids that are usually the application's (13, 31, 43, 45); cgroup
   CPU quota below the visible cores (OMP_NUM_THREADS advice); cgroup memory
@@ -31,6 +32,7 @@ Severity policy (one place, so the role and the docs can cite it):
 
 from __future__ import absolute_import, division, print_function
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gate
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding, worst_first
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict as verdict_of
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import expand_root
@@ -40,9 +42,6 @@ __metaclass__ = type
 DISK_WARN_PCT = 90
 DISK_HIGH_PCT = 95
 GIB = 1024 ** 3
-
-_TERMINATE_WORDS = ("terminate", "destroy", "release", "delete", "remove", "return",
-                    "scancel", "cancel")
 
 
 def _gib(value):
@@ -251,15 +250,6 @@ def _expand(path, host):
     return expand_root(path, user=host.get("user"), home=host.get("home"))
 
 
-def _needed_survival(verb):
-    if not verb or str(verb).lower() in ("none", "null"):
-        return None
-    lowered = str(verb).lower()
-    if any(word in lowered for word in _TERMINATE_WORDS):
-        return "terminate"
-    return "stop"
-
-
 def _profile_mount_for(path, mounts, host):
     best = None
     best_len = -1
@@ -319,19 +309,22 @@ def layout_findings(report, profile):
 
 
 def _survival(root, profile, host):
+    """A warning when the meter-stop verb deletes the mount holding the durable root: which mounts it deletes is
+    rgt_gate.deleted_mounts, the same answer the teardown plan prints and the teardown module records."""
     profile = profile or {}
-    verb = (profile.get("meter_stop") or {}).get("verb")
-    needed = _needed_survival(verb)
+    meter = profile.get("meter_stop") or {}
     mounts = profile.get("mounts") or []
-    if not root or not needed or not mounts:
+    if not root or not mounts or not meter:
         return []
+    lost = rgt_gate.deleted_mounts(profile)
     mount = _profile_mount_for(root, mounts, host)
-    if mount and needed in (mount.get("survives") or []):
+    if mount and mount.get("path") not in lost:
         return []
-    survivors = [m.get("path") for m in mounts if needed in (m.get("survives") or [])]
+    needed = rgt_gate.verb_kind(bool(meter.get("reversible")))
+    label = meter.get("label") or meter.get("verb") or "the meter stop"
+    survivors = [m.get("path") for m in mounts if m.get("path") not in lost]
     where = ("on %s" % mount.get("path")) if mount else "on no mount the profile declares"
-    kind = "" if str(verb).lower() == needed else " (a %s)" % needed
-    message = "The durable root %s is %s, which does not survive '%s'%s." % (root, where, verb, kind)
+    message = "The durable root %s is %s, which does not survive '%s' (a %s)." % (root, where, label, needed)
     if survivors:
         message += " %s would survive it." % " or ".join(survivors)
         fix = "Set rgt_durable_root to a path under %s." % " or ".join(survivors)
@@ -339,7 +332,7 @@ def _survival(root, profile, host):
         message += " No mount of this profile survives it."
         fix = "Pull the results (rgt-run pull) before the meter stops."
     return [finding("durable_root_not_surviving", "warning", message, fix,
-                    {"durable_root": root, "verb": verb, "needs": needed,
+                    {"durable_root": root, "verb": meter.get("verb"), "needs": needed,
                      "mount": mount.get("path") if mount else None, "survivors": survivors})]
 
 

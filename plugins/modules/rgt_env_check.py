@@ -92,6 +92,13 @@ options:
         and C(nvidia-smi) get at most 30 seconds each.
     type: int
     default: 120
+  fail_on:
+    description:
+      - Which verdict stops the play (rgt_envcheck.fails_on); the module decides, the role only acts on C(stop).
+      - C(critical) stops on verdict C(fail), C(warning) also on C(warn), C(never) only reports.
+    type: str
+    choices: [critical, warning, never]
+    default: critical
 notes:
   - The probe imports C(torch) in a separate process; a hang there is killed after I(timeout) and reported.
 seealso:
@@ -117,6 +124,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+stop:
+  description: True when the verdict reaches I(fail_on) and the play must stop.
+  returned: success
+  type: bool
+stop_msg:
+  description: >-
+    The message to stop with (the verdict and the messages of the findings at the stopping severities), or null.
+  returned: success
+  type: str
 env_report:
   description: What was found. Contains no variable values from the hook or I(network_env), only names.
   returned: success
@@ -356,6 +372,7 @@ def main():
             expected_cuda_driver=dict(type="str"),
             refuse_conda_base=dict(type="bool", default=False),
             timeout=dict(type="int", default=120),
+            fail_on=dict(type="str", choices=["critical", "warning", "never"], default="critical"),
         ),
         supports_check_mode=True,
     )
@@ -459,7 +476,16 @@ def main():
         "findings": findings,
         "verdict": verdict(findings),
     }
-    module.exit_json(changed=False, env_report=report)
+    module.exit_json(changed=False, env_report=report, **stop_decision(report, p["fail_on"]))
+
+
+def stop_decision(report, fail_on):
+    """Whether the verdict stops the play under fail_on, and the message naming the findings that stop it."""
+    if not ec.fails_on(report["verdict"], fail_on):
+        return {"stop": False, "stop_msg": None}
+    severities = ("critical", "warning") if fail_on == "warning" else ("critical",)
+    return {"stop": True, "stop_msg": "env_check verdict is %s: %s" % (report["verdict"], " | ".join(
+        f["message"] for f in report["findings"] if f["severity"] in severities))}
 
 
 if __name__ == "__main__":

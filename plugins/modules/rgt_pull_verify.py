@@ -83,6 +83,15 @@ options:
     type: int
     default: 20
     description: "Files named per kind in the failure message."
+  report:
+    type: dict
+    description:
+      - "Only build the collect role's report from the results its earlier steps registered, touching nothing:"
+      - "C(closeout), C(promoted) (the manifest promotion), C(repair) and C(rsync) (the loops' C(results)),"
+      - "C(verify) (this module's verification result), C(verify_only) (bool) and C(error) (the message of a step"
+      - "that failed before the verification; C(failed) true when one did)."
+      - "Returns C(report) (the document the runner and the teardown gate read) and C(failure) (the host's failure"
+      - "message, or null when the pull is verified and every transfer succeeded)."
 author: rgt developers
 """
 
@@ -129,11 +138,18 @@ repair:
 repair_list:
   type: str
   description: "NUL-separated list of I(repair) for rsync --from0 --files-from (null when nothing to repair)."
+report:
+  type: dict
+  description: "With I(report) only: the collect report (host, run_id, sealed, verified, rsync_failed, error...)."
+failure:
+  type: str
+  description: "With I(report) only: the host's failure message, or null."
 """
 
 import errno
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -349,6 +365,68 @@ def write_outputs(p, doc, sha, dest, marker, prov_path, checkpoints):
     return write_or_say(marker, json.dumps(marker_doc, sort_keys=True, indent=1) + "\n") or changed
 
 
+RSYNC_RETRY_HINT = " Re-run to resume (completed files are kept, the partial file continues)."
+HOST_KEY_HINT = " The host key does not match its pin: check it with rgt-run pin; never retried."
+
+
+def truncate(text, length):
+    """Jinja's truncate(length): keep whole words, end with '...', leave text within 5 characters of length."""
+    if len(text) <= length + 5:
+        return text
+    return text[:length - 3].rsplit(" ", 1)[0] + "..."
+
+
+def ran(results):
+    """The loop results of items that ran (not skipped)."""
+    return [r for r in results or [] if "skipped" not in r]
+
+
+def rsync_failure(failed):
+    """One sentence naming the failed rsync entries, their exit codes and stderr, and what to do."""
+    stderrs = [str(r.get("stderr") or "").strip() for r in failed]
+    hint = HOST_KEY_HINT if any("Host key verification failed" in e for e in stderrs) else RSYNC_RETRY_HINT
+    return "rsync failed for %s (rc %s): %s%s" % (
+        ", ".join(str(r.get("item")) for r in failed), ", ".join(str(r.get("rc")) for r in failed),
+        truncate(re.sub(r"\s+", " ", " | ".join(stderrs)), 400), hint)
+
+
+def build_report(p, check_mode=False):
+    """The collect role's report and failure message from the results its steps registered (docs/internals.md)."""
+    r = p["report"]
+    closeout = r.get("closeout") or {}
+    promoted = r.get("promoted") or {}
+    verify = r.get("verify") or {}
+    rsync = ran(r.get("rsync"))
+    failed = [x for x in ran(r.get("repair")) + rsync if x.get("rc") != 0]
+    verified = bool(verify.get("verified", False))
+    report = {
+        "host": p["host"], "run_id": p["run_id"], "instance_id": p["instance_id"],
+        "sealed": closeout.get("sealed"), "closeout": closeout.get("msg"),
+        "quarantine": closeout.get("quarantine"), "capsule": closeout.get("capsule"),
+        "dest": p["dest"], "manifest_path": p["manifest_path"],
+        "manifest_sha256": verify.get("manifest_sha256", closeout.get("manifest_sha256")),
+        "files": verify.get("files", closeout.get("files")), "bytes": verify.get("bytes", closeout.get("bytes")),
+        "verified": verified, "verify_only": bool(r.get("verify_only")), "marker": verify.get("marker"),
+        "missing": verify.get("missing", []), "unexpected": verify.get("unexpected", []),
+        "size_mismatch": verify.get("size_mismatch", []), "sha_mismatch": verify.get("sha_mismatch", []),
+        "checkpoints": verify.get("checkpoints", []), "problems": verify.get("problems", []),
+        "rsync_entries": [x.get("item") for x in rsync],
+        "rsync_changed": [x.get("item") for x in rsync if x.get("changed")],
+        "rsync_failed": [x.get("item") for x in failed],
+        "repaired": promoted.get("repair", []),
+        "error": None if verified and not failed else verify.get("msg"),
+    }
+    if r.get("failed"):  # a step before the verification failed: its message is the host's
+        report["error"] = r.get("error") or "failed"
+        return report, r.get("error") or "collect failed"
+    if check_mode or (verified and not failed):
+        return report, None
+    parts = ([rsync_failure(failed)] if failed else []) + \
+        ([verify.get("msg") or "verification did not run"] if not verified else [])
+    report["error"] = "%s: %s" % (p["host"], " ".join(parts))
+    return report, report["error"]
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -366,10 +444,16 @@ def main():
             verify=dict(type="bool", default=True),
             write_marker=dict(type="bool", default=True),
             max_names=dict(type="int", default=20),
+            report=dict(type="dict"),
         ),
-        supports_check_mode=False,
+        supports_check_mode=True,
     )
     p = module.params
+    if p["report"] is not None:
+        report, failure = build_report(p, module.check_mode)
+        module.exit_json(changed=False, report=report, failure=failure)
+    if module.check_mode:
+        module.exit_json(changed=False, skipped=True, msg="nothing is pulled or verified in check mode")
     dest = p["dest"].rstrip("/")
     base = os.path.dirname(dest)
     marker = os.path.join(base, "%s.PULL_VERIFIED.json" % p["host"])

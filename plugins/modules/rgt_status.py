@@ -151,6 +151,9 @@ def collect_mounts(paths, warnings):
     if not byte_rows:
         warnings.append("df failed (rc=%s): %s" % (rc, err.strip()[:200]))
         return []
+    if rc_i != 0 or not inode_rows:
+        warnings.append("df -i failed (rc=%s): %s; inode use of %s is not known"
+                        % (rc_i, err_i.strip()[:200], ", ".join(existing)))
     return [{"path": row["path"], "bytes_pct": row["bytes_pct"], "inodes_pct": row["inodes_pct"]}
             for row in rgt_host.combine_df(byte_rows, inode_rows, existing)]
 

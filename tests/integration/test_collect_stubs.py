@@ -1,5 +1,5 @@
 """collect (closeout -> manifest -> pull -> verify) on the rp podman stub over real, pinned SSH, through the
-runner's `main_pull` (python -c, like the status tests). Marked stubs."""
+runner as a user runs it (`python -m rgt.cli pull`). Marked stubs."""
 
 import hashlib
 import json
@@ -16,7 +16,7 @@ from conftest import stub_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "coltest"
-PULL = "import sys; from rgt.pull import main_pull; sys.exit(main_pull(sys.argv[1:]))"
+RGT_PULL = [sys.executable, "-m", "rgt.cli", "pull"]
 
 pytestmark = [pytest.mark.stubs]
 
@@ -58,7 +58,7 @@ class Pull:
 
     def __call__(self, *extra: str, timeout: int = 300):
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-c", PULL, "-i", str(self.inv), "-e", "@" + str(self.vars),
+        proc = subprocess.run([*RGT_PULL, "-i", str(self.inv), "-e", "@" + str(self.vars),
                                "--runs-dir", str(self.runs), "--ledger", str(self.ledger), "--json", *extra],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -22,8 +22,7 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayou
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
                                 reason="needs .venv with ansible-core")
 
-STATUS = "import sys; from rgt.status import main_status; sys.exit(main_status(sys.argv[1:]))"
-WATCH = "import sys; from rgt.status import main_watch; sys.exit(main_watch(sys.argv[1:]))"
+RGT_RUN = [str(PY), "-m", "rgt.cli"]
 
 
 class Runs:
@@ -89,8 +88,8 @@ class Runs:
         (self.inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": self.hosts}}))
         (self.inv / "known_hosts").write_text("box-gone ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHw9\n")
 
-    def run(self, code, *args, timeout=180):
-        proc = subprocess.run([str(PY), "-c", code, "-i", str(self.inv), "--ledger", str(self.ledger), *args],
+    def run(self, command, *args, timeout=180):
+        proc = subprocess.run([*RGT_RUN, command, "-i", str(self.inv), "--ledger", str(self.ledger), *args],
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
         doc = None
@@ -127,7 +126,7 @@ def runs(tmp_path_factory):
     missing = r.add("noout", "run-noout", outputs=["model.pt"])
     r.wrapper(missing, alive=False)
     r.exit(missing, "finished")
-    assert nojob
+    assert not Path(nojob.job).exists(), "the 'empty' host must have no job.json: it stands for a run never started"
     r.unreachable("gone")
     r.write_inventory()
     yield r
@@ -135,7 +134,7 @@ def runs(tmp_path_factory):
 
 
 def test_status_all_hosts_one_document_and_a_table(runs):
-    rc, doc, err = runs.run(STATUS, "--json")
+    rc, doc, err = runs.run("status", "--json")
     hosts = doc["hosts"]
     assert doc["command"] == "status"
     states = {h: d["state"] for h, d in hosts.items()}
@@ -158,19 +157,19 @@ def test_status_all_hosts_one_document_and_a_table(runs):
 
 
 def test_exit_0_when_running_or_finished(runs):
-    rc, doc, err = runs.run(STATUS, "--json", "-l", "live,done")
+    rc, doc, err = runs.run("status", "--json", "-l", "live,done")
     assert rc == 0 and doc["exit_code"] == 0
     assert set(doc["hosts"]) == {"live", "done"}
     assert "running" in err and "finished" in err
 
 
 def test_exit_1_when_failed(runs):
-    rc, doc, _ = runs.run(STATUS, "--json", "-l", "crash")
+    rc, doc, _ = runs.run("status", "--json", "-l", "crash")
     assert rc == 1 and doc["hosts"]["crash"]["evidence"]["exit"]["reason"] == "failed"
 
 
 def test_exit_5_on_nan(runs):
-    rc, doc, err = runs.run(STATUS, "--json", "-l", "nan")
+    rc, doc, err = runs.run("status", "--json", "-l", "nan")
     assert rc == 5 and doc["hosts"]["nan"]["nonfinite_loss"]["step"] == 3
     assert "non-finite loss nan at step 3" in err
 
@@ -180,7 +179,7 @@ def test_unreachable_is_never_a_job_state_and_shows_last_seen(runs):
 
     atomic_write_json(runs.ledger / "status" / "gone.json",
                       {"host": "gone", "state": "running", "seen_at": time.time() - 180, "attempt": 1})
-    rc, doc, err = runs.run(STATUS, "--json", "-l", "gone")
+    rc, doc, err = runs.run("status", "--json", "-l", "gone")
     assert rc == 4
     gone = doc["hosts"]["gone"]
     assert gone["state"] == "unreachable"
@@ -192,7 +191,7 @@ def test_unreachable_is_never_a_job_state_and_shows_last_seen(runs):
 
 def test_watch_stops_when_every_run_is_settled(runs):
     started = time.monotonic()
-    rc, doc, err = runs.run(WATCH, "--json", "-l", "done,crash", "--interval", "2", "--max-ticks", "5")
+    rc, doc, err = runs.run("watch", "--json", "-l", "done,crash", "--interval", "2", "--max-ticks", "5")
     assert rc == 1 and doc["command"] == "watch" and doc["ticks"] == 1 and doc["stopped"] == "settled"
     assert time.monotonic() - started < 60
     lines = [ln for ln in err.splitlines() if " done finished" in ln or " crash failed" in ln]
@@ -200,13 +199,13 @@ def test_watch_stops_when_every_run_is_settled(runs):
 
 
 def test_watch_ticks_a_running_run_until_max_ticks(runs):
-    rc, doc, err = runs.run(WATCH, "--json", "-l", "live", "--interval", "2", "--max-ticks", "2")
+    rc, doc, err = runs.run("watch", "--json", "-l", "live", "--interval", "2", "--max-ticks", "2")
     assert rc == 0 and doc["ticks"] == 2 and doc["stopped"] == "max_ticks"
     assert len([ln for ln in err.splitlines() if " live running step=39" in ln]) == 2
 
 
 def test_bad_input_is_exit_2_with_a_json_error(runs, tmp_path):
-    proc = subprocess.run([str(PY), "-c", STATUS, "-i", str(tmp_path / "nope"), "--json"], capture_output=True,
+    proc = subprocess.run([*RGT_RUN, "status", "-i", str(tmp_path / "nope"), "--json"], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["command"] == "status"

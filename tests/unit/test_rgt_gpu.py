@@ -7,6 +7,9 @@ import pytest
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gpu
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "samples"
+# The nine reasons every driver's `-q` "Clocks Throttle/Event Reasons" section lists (NVML's reason bits).
+REASON_NAMES = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
+                "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting")
 
 
 def sample(name):
@@ -135,9 +138,6 @@ def test_query_gpu_all_fields_keep_versions_as_text_and_drop_deprecated_markers(
     assert row["clocks.max.sm"] == 1980
     assert row["mig.mode.current"] == "Enabled"
     assert row["clocks_event_reasons.active"] == "0x0000000000000000"
-    assert rgt_gpu.decode_event_reasons(row["clocks_event_reasons.supported"]) == [
-        name for _, name in rgt_gpu.EVENT_REASON_BITS
-    ]
 
 
 def test_query_gpu_595_prints_kmd_version_as_text():
@@ -203,36 +203,6 @@ def test_compute_apps_vgpu_process_name():
 
 def test_compute_apps_empty_noheader_output_is_no_rows():
     assert rgt_gpu.parse_compute_apps("", ["pid", "process_name"]) == []
-
-
-# ---------------------------------------------------------------- -L
-
-
-def test_list_mig_children_belong_to_their_gpu():
-    (gpu,) = rgt_gpu.parse_list(sample("nvidia-smi-L_535.216.01_A100_7xMIG1g.10gb.txt"))
-    assert gpu["name"] == "NVIDIA A100-SXM4-80GB"
-    assert gpu["uuid"] == "GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16"
-    assert [m["profile"] for m in gpu["mig"]] == ["1g.10gb"] * 7
-    assert gpu["mig"][6] == {
-        "profile": "1g.10gb",
-        "device": 6,
-        "uuid": "MIG-1aae4990-b962-574e-8375-119d6d9b9687",
-    }
-
-
-def test_list_mixed_mig_host_only_gpu0_partitioned():
-    gpus = rgt_gpu.parse_list(sample("nvidia-smi-L_A100x4_mixed-MIG.txt"))
-    assert [g["index"] for g in gpus] == [0, 1, 2, 3]
-    assert [len(g["mig"]) for g in gpus] == [4, 0, 0, 0]
-
-
-def test_list_compute_instance_split_profiles():
-    (gpu,) = rgt_gpu.parse_list(sample("nvidia-smi-L_590.48.01_H200_MIG_ci-split.txt"))
-    assert [m["profile"] for m in gpu["mig"]] == ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]
-
-
-def test_list_zero_gpus_is_empty():
-    assert rgt_gpu.parse_list("No devices were found\n") == []
 
 
 # ---------------------------------------------------------------- default table
@@ -426,7 +396,7 @@ def test_q_reads_old_throttle_and_new_event_reason_sections(name, section, drive
     assert parsed["driver_version"] == driver
     gpu = parsed["gpus"][0]
     assert gpu["reasons_section"] == section
-    assert set(gpu["reasons"]) == set(name for _, name in rgt_gpu.EVENT_REASON_BITS)
+    assert set(gpu["reasons"]) == set(REASON_NAMES)
     assert gpu["reasons"]["hw_thermal_slowdown"] is False
 
 
@@ -458,25 +428,7 @@ def test_q_thermal_slowdown_active_is_reported():
     assert gpu["active_reasons"] == ["gpu_idle", "hw_thermal_slowdown"]
 
 
-# ---------------------------------------------------------------- bitmask, failures
-
-
-@pytest.mark.parametrize(
-    "mask,names",
-    [
-        ("0x0000000000000000", []),
-        ("0x0000000000000001", ["gpu_idle"]),
-        ("0x0000000000000004", ["sw_power_cap"]),
-        ("0x0000000000000048", ["hw_slowdown", "hw_thermal_slowdown"]),
-        ("0x0000000000000020", ["sw_thermal_slowdown"]),
-        ("0x0000000000000080", ["hw_power_brake_slowdown"]),
-        ("0x0000000000000100", ["display_clock_setting"]),
-        (0x2, ["applications_clocks_setting"]),
-        ("[N/A]", None),
-    ],
-)
-def test_decode_event_reasons_bitmask(mask, names):
-    assert rgt_gpu.decode_event_reasons(mask) == names
+# ---------------------------------------------------------------- failures
 
 
 def test_failure_driver_unreachable_message():

@@ -245,17 +245,3 @@ def test_meminfo_total_in_bytes():
 def test_uptime_seconds():
     assert rgt_host.parse_uptime("6781741.54 4520000.10\n") == pytest.approx(6781741.54)
     assert rgt_host.parse_uptime("") is None
-
-
-def test_mountinfo_proc5_example_and_longest_prefix():
-    # The example line from proc(5), plus a root and an escaped-space mount.
-    text = (
-        "20 1 0:21 / / rw,relatime - overlay overlay rw\n"
-        "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n"
-        "37 20 9:0 / /root/autodl\\040tmp rw - xfs /dev/md0 rw\n"
-    )
-    mounts = rgt_host.parse_mountinfo(text)
-    assert mounts[1]["dev"] == "98:0" and mounts[1]["fstype"] == "ext3" and mounts[1]["source"] == "/dev/root"
-    assert mounts[2]["mountpoint"] == "/root/autodl tmp"
-    assert rgt_host.mount_for_path(mounts, "/root/autodl tmp/proj")["dev"] == "9:0"
-    assert rgt_host.mount_for_path(mounts, "/root/other")["fstype"] == "overlay"

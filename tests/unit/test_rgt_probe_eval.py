@@ -299,7 +299,7 @@ def test_durable_root_not_writable_fails_but_check_mode_none_does_not():
 
 def test_durable_root_that_does_not_survive_terminate_names_the_surviving_mount():
     profile = copy.deepcopy(AUTODL_PROFILE)
-    profile["meter_stop"]["verb"] = "release"
+    profile["meter_stop"].update(verb="release", label="释放", reversible=False)
     result = ev.evaluate(healthy_report(), {}, profile)
     (f,) = [f for f in result["findings"] if f["id"] == "durable_root_not_surviving"]
     assert f["severity"] == "warning"
@@ -313,7 +313,7 @@ def test_durable_root_on_stop_surviving_mount_is_fine_for_stop_verb():
 
 def test_runpod_container_disk_does_not_survive_stop():
     profile = {
-        "meter_stop": {"verb": "stop"},
+        "meter_stop": {"verb": "stop", "reversible": True},
         "mounts": [{"path": "/", "survives": []}, {"path": "/workspace", "survives": ["stop"]}],
     }
     report = healthy_report()
