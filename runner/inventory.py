@@ -100,10 +100,6 @@ def validate_job(job: dict, where: str = "job spec", base: Path | None = None) -
     check_job(job, where, base)
 
 
-def _templated(value: object) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
-
-
 def _nonfinite(value: object, path: str) -> str | None:
     """The field path of the first NaN or infinity in value (YAML `.nan`, `.inf`), or None."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -130,7 +126,7 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
         raise InputError(f"{where}: {bad} is not a finite number", fix="give a plain number (not .nan or .inf)",
                          field=bad)
     for key in ("run_id", "name"):
-        if key in job and not _templated(job[key]):
+        if key in job and not jobspec.templated(job[key]):
             problem = _layout.check_name(job[key], "run id")
             if problem:
                 raise InputError(f"{where}: rgt_job.{key}: {problem}", fix=f"set rgt_job.{key} to a plain name "
@@ -148,14 +144,14 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
     for field_name, items, env_dir in (("outputs", job.get("outputs") or [], "RGT_OUT_DIR"),
                                        ("checkpoint.declared", declared, "RGT_CKPT_DIR")):
         for item in items:
-            problem = None if _templated(item) else _layout.check_relpath(item.rstrip("/") or item)
+            problem = None if jobspec.templated(item) else _layout.check_relpath(item.rstrip("/") or item)
             if problem:
                 raise InputError(f"{where}: rgt_job.{field_name} entry {item!r} is refused: {problem}",
                                  fix=f"give paths relative to {env_dir}, without '..' (e.g. weights.bin, ckpt-*/)",
                                  field=f"rgt_job.{field_name}")
-    for key in ("code_dir", "data_dir"):
+    for key in jobspec.PATH_FIELDS:
         value = job.get(key)
-        if not isinstance(value, str) or _templated(value):
+        if not isinstance(value, str) or jobspec.templated(value):
             continue
         local = Path(value).expanduser()
         if not local.is_absolute():
@@ -256,7 +252,7 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
         except ProfileError as exc:
             raise InputError(str(exc), fix=exc.fix, field=exc.field) from exc
         for key, what in (("rgt_instance_id", "instance id"), ("rgt_project", "project")):
-            if key in rgt_vars and not _templated(rgt_vars[key]):
+            if key in rgt_vars and not jobspec.templated(rgt_vars[key]):
                 problem = _layout.check_name(rgt_vars[key], what)
                 if problem:
                     raise InputError(f"host '{name}': {key}: {problem}", fix=f"set {key} to a plain name",

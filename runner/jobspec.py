@@ -16,7 +16,8 @@ PATH_FIELDS = ("code_dir", "data_dir")
 _DEFINES_JOB = re.compile(r"(^|[\s{,])rgt_job\s*[:=]", re.M)
 
 
-def _templated(value: object) -> bool:
+def templated(value: object) -> bool:
+    """A Jinja template string: Ansible fills it in, the runner leaves it alone."""
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
@@ -70,7 +71,7 @@ def resolve_paths(job: dict, base: Path) -> dict:
     out = dict(job)
     for key in PATH_FIELDS:
         value = out.get(key)
-        if not isinstance(value, str) or not value or _templated(value):
+        if not isinstance(value, str) or not value or templated(value):
             continue
         path = Path(value).expanduser()
         out[key] = str(path if path.is_absolute() else (base / path).resolve())

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, paths
+from rgt import errors, jobspec, paths
 from rgt.errors import InputError, RgtError
 
 DEFAULT_PROJECT = "rgt"  # roles/*/defaults: rgt_project | default('rgt')
@@ -82,11 +82,6 @@ def _number(value: object) -> float | None:
         return None
 
 
-def _local_dir(value: str, base: str | None) -> Path:
-    local = Path(value).expanduser()
-    return local if local.is_absolute() else Path(base or os.getcwd()) / local
-
-
 def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
     """The plan of one host from its rendered values (tree, layout: the rgt_tree and rgt_runlayout module_utils)."""
     job = values.get("job")
@@ -104,10 +99,11 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
         raise InputError(f"host '{host.name}': {exc}", fix="set rgt_job.run_id (or name) and rgt_project to plain "
                          "names", field="rgt_job.run_id") from exc
     code_src = job.get("code_dir")
+    local = jobspec.resolve_paths(job, Path(base) if base else Path.cwd())  # relative paths follow their file
     if not code_src:
         raise InputError(f"host '{host.name}': the job spec has no code_dir", fix="set rgt_job.code_dir to the "
                          "local directory to ship", field="rgt_job.code_dir")
-    code_local = _local_dir(str(code_src), base)
+    code_local = Path(local["code_dir"])
     if not code_local.is_dir():
         raise InputError(f"host '{host.name}': rgt_job.code_dir {code_src!r} is not a directory ({code_local})",
                          fix="set rgt_job.code_dir to the local directory to ship", field="rgt_job.code_dir")
@@ -115,7 +111,7 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
         code = tree.build_manifest(str(code_local), values.get("ignore_file"))
         data = None
         if job.get("data_dir"):
-            data_local = _local_dir(str(job["data_dir"]), base)
+            data_local = Path(local["data_dir"])
             manifest = tree.build_manifest(str(data_local))
             data = {"src": manifest["src"], "dir": layout_paths.data, "files": manifest["files"],
                     "bytes": manifest["bytes"]}

@@ -17,42 +17,27 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import math
 import re
+
+# the log's step/loss patterns, the attempt marker and the number rules are the status scan's (one copy)
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_reconcile import (  # noqa: E402
+    ATTEMPT_MARKER,
+    DEFAULT_LOSS_PATTERN,
+    DEFAULT_STEP_PATTERN,
+    GPU_IDLE_PCT,
+    _compile,
+    json_number,
+    loss_of,
+    step_of,
+)
 
 SCHEMA = 1
 MAX_LOSS_POINTS = 600
 MAX_GPU_POINTS = 240
 MAX_IDLE_STRETCHES = 50
-GPU_IDLE_PCT = 5
-DEFAULT_STEP_PATTERN = r"step[=: ]\s*(\d+)"
-DEFAULT_LOSS_PATTERN = r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"
-ATTEMPT_MARKER = re.compile(r"^== rgt attempt (\d+) started")
 ERROR_LINE = re.compile(r"(Traceback \(most recent call last\)|\b\w*(Error|Exception)\b:|CUDA out of memory|"
                         r"\bKilled\b|Segmentation fault|core dumped)")
 RESUME_STEP = re.compile(r"(\d+)(?!.*\d)")
-
-
-def _compile(pattern, default):
-    try:
-        return re.compile(pattern or default)
-    except (re.error, TypeError):
-        return re.compile(default)
-
-
-def _number(value):
-    """A float for JSON: non-finite values travel as the strings nan, inf, -inf."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def _parse_float(text):
-    text = (text or "").strip().rstrip(".,;")
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def thin(items, limit, keep=None):
@@ -92,16 +77,6 @@ def _segments(text):
     out.append((attempt, text[pos:]))
     return [(a, [ln for ln in body.splitlines() if not ln.startswith("== rgt attempt ")])
             for a, body in out if a is not None or body.strip()]
-
-
-def _step_of(step_re, line):
-    match = step_re.search(line)
-    if not match:
-        return None
-    try:
-        return int(match.group(1) if match.groups() else match.group(0))
-    except (ValueError, IndexError):
-        return None
 
 
 def _last_error(text):
@@ -144,25 +119,22 @@ def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_L
         chosen.update(range(max(0, n - EDGE_LINES), n))
         for i in sorted(chosen):
             line = lines[i]
-            step = _step_of(step_re, line)
+            step = step_of(step_re, line)
             if step is not None:
                 if slot["first_step"] is None:
                     slot["first_step"] = step
                 slot["last_step"] = step if slot["last_step"] is None else max(slot["last_step"], step)
-            lmatch = loss_re.search(line)
-            if not lmatch:
-                continue
-            loss = _parse_float(lmatch.group(1) if lmatch.groups() else lmatch.group(0))
+            loss = loss_of(loss_re, line)
             if loss is None:
                 continue
             back = i - 1
             while step is None and back >= max(0, i - BACK_LINES):
-                step = _step_of(step_re, lines[back])
+                step = step_of(step_re, lines[back])
                 back -= 1
             if step is None:
                 continue
             slot["losses"] += 1
-            points.append([attempt, step, _number(loss)])
+            points.append([attempt, step, json_number(loss)])
     error_line, traceback = _last_error("\n".join(segments[-1][1])) if segments else (None, False)
     keep = [i for i, p in enumerate(points) if isinstance(p[2], str)][:50]
     # every attempt's first and last point too: a relaunch must stay visible however thin the curve
@@ -176,12 +148,29 @@ def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_L
         "traceback": traceback, "truncated": bool(partial_first_line)}
 
 
-def _gpu_num(text):
+def _cell_number(text):
     text = (text or "").strip()
     try:
-        return float(text)
+        return int(text)
     except ValueError:
-        return None
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+
+def gpu_csv_rows(text):
+    """The wrapper's gpu.csv ("ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c") -> [{ts (as written), index,
+    util_pct, mem_used_mib, mem_total_mib}], skipping the header and a line cut at the start of a tail. The one
+    reader of that file: the status sample (rgt_status) and the history below."""
+    rows = []
+    for line in (text or "").splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 5 or _cell_number(cells[1]) is None:
+            continue
+        rows.append({"ts": cells[0], "index": _cell_number(cells[1]), "util_pct": _cell_number(cells[2]),
+                     "mem_used_mib": _cell_number(cells[3]), "mem_total_mib": _cell_number(cells[4])})
+    return rows
 
 
 def gpu_history(text, partial_first_line=False, max_points=MAX_GPU_POINTS, idle_pct=GPU_IDLE_PCT):
@@ -192,14 +181,12 @@ def gpu_history(text, partial_first_line=False, max_points=MAX_GPU_POINTS, idle_
     if partial_first_line and lines:
         lines = lines[1:]
     raw = {}
-    for line in lines:
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 5:
+    for row in gpu_csv_rows("\n".join(lines)):
+        ts = _cell_number(row["ts"])
+        if ts is None:
             continue
-        ts, index = _gpu_num(cells[0]), _gpu_num(cells[1])
-        if ts is None or index is None:
-            continue  # the header
-        raw.setdefault(int(index), []).append((ts, _gpu_num(cells[2]), _gpu_num(cells[3]), _gpu_num(cells[4])))
+        raw.setdefault(int(row["index"]), []).append(
+            (float(ts), row["util_pct"], row["mem_used_mib"], row["mem_total_mib"]))
     series, idle, gaps = {}, [], []
     for index in sorted(raw):
         rows = sorted(raw[index])

@@ -96,6 +96,23 @@ def _compile(pattern, default):
 ATTEMPT_MARKER = re.compile(r"^== rgt attempt (\d+) started")
 
 
+def step_of(step_re, line):
+    """The step a log line shows (the pattern's first group, else its whole match), or None."""
+    match = step_re.search(line)
+    if not match:
+        return None
+    try:
+        return int(match.group(1) if match.groups() else match.group(0))
+    except (ValueError, IndexError):
+        return None
+
+
+def loss_of(loss_re, line):
+    """The loss a log line shows, as a float (nan/inf included), or None."""
+    match = loss_re.search(line)
+    return parse_loss(match.group(1) if match.groups() else match.group(0)) if match else None
+
+
 def current_attempt_lines(lines, attempt=None):
     """The lines of the current attempt: after the wrapper's last `== rgt attempt N started` marker (for N =
     attempt when given). job.log is appended by every attempt; without a marker in the tail, all of it."""
@@ -124,17 +141,11 @@ def scan_log(text, patterns=None, partial_first_line=False, attempt=None):
     window = []
     step = None
     for line in lines:
-        smatch = step_re.search(line)
-        if smatch:
-            try:
-                step = int(smatch.group(1) if smatch.groups() else smatch.group(0))
-            except (ValueError, IndexError):
-                pass
+        found = step_of(step_re, line)
+        if found is not None:
+            step = found
             result["step"] = step
-        lmatch = loss_re.search(line)
-        if not lmatch:
-            continue
-        loss = parse_loss(lmatch.group(1) if lmatch.groups() else lmatch.group(0))
+        loss = loss_of(loss_re, line)
         if loss is None:
             continue
         result["lines_with_loss"] += 1

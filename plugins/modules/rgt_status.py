@@ -180,28 +180,11 @@ def collect_cgroup():
             "oom_kill": summary.get("oom_kill")}
 
 
-def _number(text):
-    text = (text or "").strip()
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return None
-
-
 def parse_gpu_csv(text):
-    """gpu.csv rows "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c" -> the last few samples per index."""
+    """gpu.csv (module_utils/rgt_history's reader) -> the last few samples per index."""
     per_index = {}
-    for line in (text or "").splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 5 or _number(cells[1]) is None:
-            continue  # header, or a line cut at the start of the tail
-        index = _number(cells[1])
-        row = {"ts": cells[0], "index": index, "util_pct": _number(cells[2]), "mem_used_mib": _number(cells[3]),
-               "mem_total_mib": _number(cells[4])}
-        rows = per_index.setdefault(index, [])
+    for row in rgt_history.gpu_csv_rows(text):
+        rows = per_index.setdefault(row["index"], [])
         rows.append(row)
         if len(rows) > GPU_SAMPLES_PER_INDEX:
             rows.pop(0)

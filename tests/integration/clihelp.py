@@ -1,5 +1,7 @@
 """Helpers shared by integration tests (import as `from clihelp import ...`)."""
 
+import json
+import time
 from pathlib import Path
 
 import yaml
@@ -15,3 +17,23 @@ def write_inventory(path: Path, hosts: dict, group_vars: dict | None = None) -> 
         (path / "group_vars").mkdir(exist_ok=True)
         (path / "group_vars" / "all.yml").write_text(yaml.safe_dump(group_vars))
     return path
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition", interval: float = 0.1):
+    """The predicate's first truthy value, polled every `interval` s; AssertionError naming `what` after
+    `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_json(path):
+    """The JSON document at path, or None when it is missing or not (yet) whole."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from clihelp import read_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTIONS = REPO / ".collections"
@@ -56,23 +57,6 @@ PLAYBOOK = """
 def tiny_command(steps=40, ckpt_every=10, sleep=0.05, seed=1234):
     return "%s train.py --steps %d --ckpt-every %d --sleep %s --seed %d" % (
         sys.executable, steps, ckpt_every, sleep, seed)
-
-
-def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
-
-
-def read_json(path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def read_json_lines(path):

@@ -17,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from clihelp import read_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny_train" / "train.py"
@@ -63,23 +63,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *_args):
         pass
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def read_json(path):
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def steps_of(log_text, attempt):

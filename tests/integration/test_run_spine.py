@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clihelp import wait_for
 from conftest import stub_inventory
 
 pytestmark = [pytest.mark.stubs, pytest.mark.slow]
@@ -48,16 +49,6 @@ def status(rgt, inv, spec):
 
 def box(stub, cmd) -> str:
     return stub.exec(["bash", "-c", cmd]).stdout
-
-
-def wait_for(predicate, timeout, interval=1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def last_step(stub, run_id) -> int:
@@ -108,7 +99,7 @@ def test_preemption_with_5s_grace_resumes_to_byte_identical_weights(rgt, stub_fl
     spec = job("preempt", steps=steps, sleep=0.1)
     inv = stub_inventory(stub_fleet, ["rp"])
     assert train(rgt, inv, spec).rc == 0
-    wait_for(lambda: last_step(rp, "preempt") >= 60, timeout=90)
+    wait_for(lambda: last_step(rp, "preempt") >= 60, timeout=90, interval=1.0)
     rp.preempt(grace_s=5)
     rp.start()
     inv = stub_inventory(stub_fleet, ["rp"])  # the port can change on restart, as on RunPod
@@ -130,7 +121,7 @@ def test_nan_is_reported_with_its_step_exit_5_and_never_relaunched(rgt, stub_fle
     spec = job("nan", steps=100, sleep=0.02, extra="--nan-at 37")
     inv = stub_inventory(stub_fleet, ["rp"])
     assert train(rgt, inv, spec).rc == 0
-    wait_for(lambda: "loss=nan" in box(rp, f"cat {RUNS}/nan/logs/job.log"), timeout=60)
+    wait_for(lambda: "loss=nan" in box(rp, f"cat {RUNS}/nan/logs/job.log"), timeout=60, interval=1.0)
     watch = rgt("watch", "-i", inv, "-e", json.dumps({"rgt_job": spec}), "--interval", "2", "--max-ticks", "10",
                 "--json", timeout=300)
     assert watch.rc == 5, watch.stderr
@@ -185,5 +176,6 @@ def test_secret_never_in_ps_ledger_or_json(rgt, stub_fleet, rp):
     for path in rgt.ledger.rglob("*"):
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
-    got = wait_for(lambda: box(rp, f"cat {RUNS}/secret/out/secret.sha 2>/dev/null").split()[:1], timeout=30)
+    got = wait_for(lambda: box(rp, f"cat {RUNS}/secret/out/secret.sha 2>/dev/null").split()[:1], timeout=30,
+                   interval=1.0)
     assert got[0] == hashlib.sha256(secret.encode()).hexdigest(), "the job received the secret"

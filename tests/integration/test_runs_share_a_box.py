@@ -15,27 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelp import REPO, write_inventory
+from clihelp import REPO, read_json, wait_for, write_inventory
 
 PROJECT = "proj"
 TINY = "python train.py --steps {steps} --ckpt-every 5 --sleep {sleep}"
-
-
-def wait_for(predicate, timeout=60.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class Box:
