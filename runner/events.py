@@ -13,6 +13,20 @@ from rgt.ledger import append_jsonl
 
 HOST_KEY_PATTERNS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
                      "No ED25519 host key is known", "host key for", "No matching host key")
+# The one channel from the box to the runner (docs/internals.md "Box to runner"): each role publishes what the
+# runner reads as one fact named here, set with set_fact; the runner keeps the last value of each per host from
+# the runner_on_ok events. No other fact is read, and nothing is read back from disk. A role that publishes a new
+# report adds its name here (tests/unit/test_report_channel.py holds roles and this list together).
+REPORT_FACTS = (
+    "probe_report",             # probe: the box's report with findings, verdict, host, instance_id, profile
+    "env_check_report",         # env_check: interpreter, torch, driver/CUDA, findings, verdict
+    "upload_resume_report",     # upload_resume: code hash8, files, bytes, skipped, what was sent
+    "launch_detached_report",   # launch_detached: the launch module's result (state, attempt, run_dir, session)
+    "monitor_status_report",    # monitor: the status document (docs/internals.md "Status document")
+    "collect_report",           # collect: sealed, verified, files, bytes, failure (rgt_pull_verify.build_report)
+    "teardown_box_report",      # teardown: what is on the box and the gate's verdict, before any call
+    "teardown_outcome_report",  # teardown: what the meter stop did (calls, final_state, clocks)
+)
 _SECRETISH = re.compile(r"(?i)(token|secret|password|passwd|api[_-]?key)=\S+")
 
 
@@ -27,7 +41,7 @@ class HostOutcome:
     bad_input: bool = False  # a task failed with rc_hint 2: a module refused its input (e.g. an unbuilt primitive)
     messages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    results: dict = field(default_factory=dict)  # task-registered payloads we keep (probe report, env report)
+    results: dict = field(default_factory=dict)  # the REPORT_FACTS this host published, by name
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "changed": self.changed, "failed": self.failed, "unreachable": self.unreachable,
@@ -84,13 +98,9 @@ class EventSink:
             out.changed += int(bool(res.get("changed")))
             for warning in res.get("warnings", []) or []:
                 out.warnings.append(_scrub(str(warning)))
-            keep = res.get("rgt_keep")
-            if isinstance(keep, dict):
-                out.results.update(keep)
-            if "ansible_facts" in res and isinstance(res["ansible_facts"], dict):
-                for key, value in res["ansible_facts"].items():
-                    if key.endswith("_report") and isinstance(value, dict):  # e.g. env_check_report
-                        out.results[key] = value
+            facts = res.get("ansible_facts")
+            if isinstance(facts, dict):
+                out.results.update({key: facts[key] for key in REPORT_FACTS if isinstance(facts.get(key), dict)})
             mark = "[yellow]changed[/yellow]" if res.get("changed") else "[green]ok[/green]"
             self._say(f"  {host:<16} {mark:<8} {task}")
             record["changed"] = bool(res.get("changed"))

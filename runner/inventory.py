@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import math
 import os
@@ -16,11 +18,13 @@ from referencing import Registry, Resource
 
 from rgt import jobspec, paths
 from rgt.errors import InputError
+from rgt.ledger import atomic_write_bytes
 from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 CONFIRM_VARS = ("rgt_teardown_confirm", "rgt_teardown_confirms")
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
+_sweep = paths.module_util("rgt_sweep")  # a sweep's cells and their run ids
 
 
 @dataclass
@@ -162,6 +166,11 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
         if not local.is_dir():
             raise InputError(f"{where}: rgt_job.{key} {value!r} is a file, not a directory ({local})",
                              fix=f"set rgt_job.{key} to the directory that holds it", field=f"rgt_job.{key}")
+    if job.get("sweep") and not jobspec.templated(job.get("run_id") or job.get("name")):
+        try:
+            _sweep.cells(job)
+        except _sweep.SweepError as exc:
+            raise InputError(f"{where}: {exc}", fix=exc.fix, field=exc.field) from exc
 
 
 def missing_secrets(hosts: list[Host]) -> dict[str, list[str]]:
@@ -188,13 +197,106 @@ def ansible_env() -> dict:
     return env
 
 
+def _inventory_files(inv: Path) -> list[Path]:
+    """Every file ansible-inventory reads for `inv`: the file (or every file under the directory) and the
+    group_vars/ and host_vars/ trees beside it."""
+    inv = inv.resolve()
+    roots = [inv] if inv.is_dir() else [inv, inv.parent / "group_vars", inv.parent / "host_vars"]
+    files = []
+    for root in roots:
+        if root.is_file():
+            files.append(root)
+        elif root.is_dir():
+            files.extend(sorted(p for p in root.rglob("*") if p.is_file()))
+    return files
+
+
+def _fingerprint(inv: Path) -> tuple:
+    out = []
+    for path in _inventory_files(inv):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        out.append((str(path), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+# ansible-inventory costs a second or two: one parse per process (lifecycle runs several plays, watch polls), and
+# for a static inventory one parse across processes too (rgt-run status twice), while none of its files changed;
+# a change (or a new file) parses it again
+_PARSED: dict[tuple, dict] = {}
+CACHE_KEEP = 32  # parsed inventories kept on disk, newest first
+
+
+def _static(inv: Path) -> bool:
+    """An inventory whose parse depends only on its files: no script (executable) and no inventory plugin config
+    (a YAML `plugin:` document: its hosts come from an API, whatever the file says)."""
+    sources = [p for p in _inventory_files(inv)
+               if inv.is_dir() or p == inv.resolve()]  # group_vars/host_vars are data either way
+    for path in sources:
+        try:
+            if os.access(path, os.X_OK):
+                return False
+            if path.suffix in (".yml", ".yaml", ".json", "") and re.search(rb"(?m)^plugin\s*:", path.read_bytes()):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _cache_file(key: tuple) -> Path:
+    from ansible.release import __version__ as ansible_version
+
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))
+    digest = hashlib.sha256(json.dumps([key, ansible_version, env], default=str).encode()).hexdigest()[:32]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "rgt" / "inventory" / f"{digest}.json"
+
+
+def _parse_cached(inv: Path, limit: str | None, key: tuple) -> dict:
+    if not _static(inv):
+        return _parse_inventory(inv, limit)
+    path = _cache_file(key)
+    try:
+        data = json.loads(path.read_bytes())
+        if isinstance(data, dict) and isinstance(data.get("_meta"), dict):
+            return data
+    except (OSError, ValueError):
+        pass
+    data = _parse_inventory(inv, limit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_bytes(path, json.dumps(data).encode(), mode=0o600)  # inventory vars: the user's eyes only
+        for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[CACHE_KEEP:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # a cache that cannot be written costs the next process a parse, nothing else
+    return data
+
+
 def read_inventory(inventory: str, limit: str | None = None, groups: dict | None = None) -> dict:
     """The merged host vars per host, as `ansible-inventory --list` sees them (group_vars included). `groups`
-    (when given) gets each host's groups."""
+    (when given) gets each host's groups. Cached per process while the inventory's files are unchanged."""
     inv = Path(inventory)
     if not str(inventory).strip() or not inv.exists():
         raise InputError(f"inventory '{inventory}' does not exist", fix="pass -i inventories/<platform>",
                          field="-i")
+    key = (str(inv.resolve()), limit, _fingerprint(inv))
+    if key not in _PARSED:
+        _PARSED.clear()  # only the newest parse is worth keeping
+        _PARSED[key] = _parse_cached(inv, limit, key)
+    data = copy.deepcopy(_PARSED[key])
+    if groups is not None:
+        for group, members in data.items():
+            if group != "_meta" and isinstance(members, dict):
+                for host in members.get("hosts") or []:
+                    groups.setdefault(host, []).append(group)
+    return data.get("_meta", {}).get("hostvars", {})
+
+
+def _parse_inventory(inv: Path, limit: str | None) -> dict:
+    inventory = str(inv)
     cmd = ["ansible-inventory", "-i", str(inv), "--list"]
     if limit:
         cmd += ["--limit", limit]
@@ -205,13 +307,7 @@ def read_inventory(inventory: str, limit: str | None = None, groups: dict | None
         detail = (problems or proc.stderr.strip().splitlines() or ["unknown error"])[0]
         raise InputError(f"inventory '{inventory}' could not be parsed: {detail}",
                          fix="check the YAML/INI syntax of the inventory and its group_vars/host_vars", field="-i")
-    data = json.loads(proc.stdout)
-    if groups is not None:
-        for group, members in data.items():
-            if group != "_meta" and isinstance(members, dict):
-                for host in members.get("hosts") or []:
-                    groups.setdefault(host, []).append(group)
-    return data.get("_meta", {}).get("hostvars", {})
+    return json.loads(proc.stdout)
 
 
 def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None = None) -> list[Host]:

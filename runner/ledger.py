@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from rgt import paths
+
+_layout = paths.module_util("rgt_runlayout")
 
 
 def ledger_dir(explicit: str | None = None) -> Path:
@@ -39,29 +42,11 @@ def runs_dir(explicit: str | None = None) -> Path:
     return path
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """The box's atomic write (module_utils rgt_runlayout.atomic_write: tmp + fsync + rename + fsync dir), for the
+    controller's files; the directory is made when absent."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    _layout.atomic_write(str(path), data, mode)
 
 
 def atomic_write_json(path: Path, doc: Any) -> None:

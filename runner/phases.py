@@ -63,6 +63,13 @@ def new_ident(playbook: Path) -> str:
     return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{playbook.stem}-{uuid.uuid4().hex[:6]}"
 
 
+def _overlay_vars(host: Host) -> dict:
+    out = {"rgt_profile_data": host.profile}
+    if host.recalled:
+        out.update(rgt_job=host.recalled["job"], monitor_other_run_ids=host.other_runs)
+    return out
+
+
 def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: Path, console: Console,
                  extravars: dict | None = None, limit: str | None = None, tags: str | None = None,
                  skip_tags: str | None = None, check: bool = False, quiet: bool = False,
@@ -96,14 +103,12 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
         kh = known_hosts_file(inventory, ssh_hosts[0])
         evars.setdefault("ansible_ssh_extra_args", SSH_PIN_ARGS.format(
             known_hosts="{{ rgt_known_hosts | default('%s') }}" % kh))
-    sources: str | list[str] = str(Path(inventory).resolve())
-    recalled = {h.name: {"rgt_job": h.recalled["job"], "monitor_other_run_ids": h.other_runs}
-                for h in hosts if h.recalled}
-    if recalled:
-        # runs remembered in the ledger (rgt.memory): a second inventory source gives those hosts their job
-        overlay = private / "remembered.json"
-        overlay.write_text(json.dumps({"all": {"hosts": recalled}}))
-        sources = [sources, str(overlay)]
+    # A second inventory source, the runner's (it wins over the user's for these host vars): each host's profile
+    # as validated once by load_hosts (roles/run_context uses it instead of loading and validating it again),
+    # and, for a host with no job spec, its run remembered in the ledger (rgt.memory).
+    overlay = private / "runner-inventory.json"
+    overlay.write_text(json.dumps({"all": {"hosts": {h.name: _overlay_vars(h) for h in hosts}}}))
+    sources = [str(Path(inventory).resolve()), str(overlay)]
     try:
         tail.start()
         runner = ansible_runner.run(

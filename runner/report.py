@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from rgt import errors, paths
 from rgt.inventory import Host
-from rgt.ledger import atomic_write_json, read_json
+from rgt.ledger import atomic_write_json
 from rgt.phases import PhaseResult
 
 _findings_rule = paths.module_util("rgt_findings")  # the one shape and order of every phase's findings
@@ -42,14 +42,6 @@ def first_contact(console: Console, ledger: Path, hosts: list[Host]) -> None:
         atomic_write_json(record, {"instance_id": host.instance_id, "host": host.name, "profile": prof["name"],
                                    "first_contact": datetime.now(UTC).isoformat(),
                                    "danger_clocks_shown": prof.get("danger_clocks", [])})
-
-
-def _findings(ledger: Path, host: str, since: float) -> tuple[dict | None, list[dict]]:
-    path = ledger / "probe" / f"{host}.json"
-    rep = read_json(path)
-    if not rep or path.stat().st_mtime < since:  # a report from an earlier run is not this run's finding
-        return None, []
-    return rep, _findings_rule.worst_first(rep.get("findings", []))
 
 
 SKIPPED_SHOWN = 5
@@ -120,9 +112,10 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
                           f"then `rgt-run pin -i <inv> --limit {host.name} --replace {host.instance_id}`.")
         for msg in (out.messages if out else [])[:3]:
             console.print(f"  {msg.splitlines()[0] if msg else ''}")
-        rep, findings = _findings(ledger, host.name, result.started)
-        if rep is not None:
-            entry["probe"] = {"verdict": rep.get("verdict"), "findings": findings}
+        probe = out.results.get("probe_report") if out else None
+        if probe:
+            findings = _findings_rule.worst_first(probe.get("findings", []))
+            entry["probe"] = {"verdict": probe.get("verdict"), "findings": findings}
             _print_findings(console, findings)
         env = out.results.get("env_check_report") if out else None
         if env:
@@ -132,7 +125,7 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
                                   "torch": env.get("torch"), "driver_cuda": env.get("driver_cuda")}
             _print_findings(console, env_findings)
         for key, rep in sorted((out.results if out else {}).items()):
-            if key == "env_check_report" or not isinstance(rep, dict):
+            if key in ("probe_report", "env_check_report"):
                 continue
             entry[key[: -len("_report")]] = rep
             line = _phase_line(key[: -len("_report")], rep)

@@ -40,11 +40,16 @@ def verb_kind(reversible):
     return "stop" if reversible else "terminate"
 
 
+def survives(mount, profile):
+    """Whether a profile mount survives the profile's meter-stop verb (its `survives` list names the verb's kind):
+    the one rule behind deleted_mounts and files_fate."""
+    kind = verb_kind(bool((profile.get("meter_stop") or {}).get("reversible")))
+    return kind in (mount.get("survives") or [])
+
+
 def deleted_mounts(profile):
     """Mount paths (as the profile writes them) that do not survive the profile's meter-stop verb."""
-    meter = profile.get("meter_stop") or {}
-    kind = verb_kind(bool(meter.get("reversible")))
-    return [m.get("path") for m in profile.get("mounts") or [] if kind not in (m.get("survives") or [])]
+    return [m.get("path") for m in profile.get("mounts") or [] if not survives(m, profile)]
 
 
 def clocks_started(profile):
@@ -76,11 +81,10 @@ def files_fate(mount, profile):
     """(goes, text): whether the verb deletes the mount a run's files are on (None: the profile does not say)."""
     meter = profile.get("meter_stop") or {}
     label = meter.get("label") or meter.get("verb") or "the verb"
-    kind = verb_kind(bool(meter.get("reversible")))
     if not isinstance(mount, dict) or not mount.get("path"):
         return None, "its files stay on the box; the profile lists no mount for them, so whether %s keeps them " \
                      "is unknown" % label
-    if kind in (mount.get("survives") or []):
+    if survives(mount, profile):
         return False, "its files stay on %s, which survives %s" % (mount["path"], label)
     return True, "its files go with the box: %s deletes %s" % (label, mount["path"])
 

@@ -30,12 +30,16 @@ import subprocess
 import sys
 
 SCHEMA = "rgt/manifest/v1"
-CHUNK = 1 << 20
+CHUNK = 1 << 20  # a header bound below counts in these
 try:  # the one name rule and the one relative-path rule (absent when this file runs alone as a checkpoint loader:
     # load_checkpoint_with)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_name, check_relpath
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
+        check_name,
+        check_relpath,
+        read_blocks,
+    )
 except ImportError:  # pragma: no cover
-    check_name = check_relpath = None
+    check_name = check_relpath = read_blocks = None
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -50,12 +54,8 @@ class ManifestError(Exception):
 
 def sha256_file(path):
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while True:
-            block = handle.read(CHUNK)
-            if not block:
-                break
-            digest.update(block)
+    for block in read_blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 

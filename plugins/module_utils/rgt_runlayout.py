@@ -26,13 +26,15 @@ NOT_COMPLETE_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
 # character alphanumeric (so `.`, `..`, `.partial`, `-x` are out), at most NAME_MAX characters.
 NAME_MAX = 128
 _NAME_RES = {
-    "run id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1)),
+    # '=' for a sweep cell's run id (<name>--lr=3e-4--seed=1, module_utils rgt_sweep)
+    "run id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,%d}" % (NAME_MAX - 1)),
     "project": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1)),
     "host name": re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,%d}" % (NAME_MAX - 1)),
     "instance id": re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,%d}" % (NAME_MAX - 1)),
 }
 NAME_RULE = {
-    "run id": "letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d characters" % NAME_MAX,
+    "run id": "letters, digits, '.', '_', '-' and '=', starting with a letter or digit, at most %d characters"
+              % NAME_MAX,
     "project": "letters, digits, '.', '_' and '-', starting with a letter or digit, at most %d characters" % NAME_MAX,
     "host name": "letters, digits, '.', '_', '-', ':' and '@', starting with a letter or digit, at most %d "
                  "characters" % NAME_MAX,
@@ -178,6 +180,19 @@ def fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+READ_CHUNK = 1 << 20  # 1 MiB: every file rgt hashes is read in these
+
+
+def read_blocks(path):
+    """The file's bytes in READ_CHUNK blocks (hashing a file of any size in constant memory)."""
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(READ_CHUNK)
+            if not block:
+                return
+            yield block
 
 
 def atomic_write(path, data, mode=0o644):

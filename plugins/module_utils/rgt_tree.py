@@ -32,9 +32,8 @@ import re
 import stat
 from shlex import quote
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath, read_blocks
 
-CHUNK = 1024 * 1024
 ALWAYS_IGNORED_DIRS = ("__pycache__", ".rgt")
 ALWAYS_IGNORED_ANY = (".git",)
 IGNORE_FILES = (".rgtignore", ".gitignore")
@@ -266,16 +265,12 @@ def file_digest(path, detect_crlf=False):
     size = 0
     crlf = False
     prev = b""
-    with open(path, "rb") as handle:
-        while True:
-            block = handle.read(CHUNK)
-            if not block:
-                break
-            h.update(block)
-            size += len(block)
-            if detect_crlf and not crlf:
-                crlf = b"\r\n" in prev + block
-            prev = block[-1:]
+    for block in read_blocks(path):
+        h.update(block)
+        size += len(block)
+        if detect_crlf and not crlf:
+            crlf = b"\r\n" in prev + block
+        prev = block[-1:]
     if detect_crlf and prev == b"\r":
         crlf = True
     return h.hexdigest(), size, crlf

@@ -140,10 +140,39 @@ repair_list:
   description: "NUL-separated list of I(repair) for rsync --from0 --files-from (null when nothing to repair)."
 report:
   type: dict
-  description: "With I(report) only: the collect report (host, run_id, sealed, verified, rsync_failed, error...)."
+  returned: with I(report)
+  description: "The collect role's report (published as the fact collect_report; the runner reads it)."
+  contains:
+    host: {type: str, description: The inventory host.}
+    run_id: {type: str, description: The run.}
+    instance_id: {type: str, description: The instance the manifest must name.}
+    sealed: {type: bool, description: The closeout sealed (or had sealed) the export; null when it did not run.}
+    closeout: {type: str, description: The closeout's message.}
+    quarantine: {type: str, description: Where a refused candidate was moved, or null.}
+    capsule: {type: str, description: The sealed capsule on the box.}
+    dest: {type: str, description: "The local copy, runs/<run_id>/<host>/."}
+    manifest_path: {type: str, description: The promoted local manifest.}
+    manifest_sha256: {type: str, description: SHA-256 of the manifest.}
+    files: {type: int, description: Files in the manifest.}
+    bytes: {type: int, description: Bytes in the manifest.}
+    verified: {type: bool, description: Every check passed and PULL_VERIFIED.json was written.}
+    verify_only: {type: bool, description: Nothing was transferred (a verification of an existing copy).}
+    marker: {type: str, description: Path of PULL_VERIFIED.json, or null.}
+    missing: {type: list, elements: str, description: Manifest paths absent locally.}
+    unexpected: {type: list, elements: str, description: Local paths the manifest does not list.}
+    size_mismatch: {type: list, elements: str, description: Paths whose size differs.}
+    sha_mismatch: {type: list, elements: str, description: Paths whose SHA-256 differs.}
+    checkpoints: {type: list, elements: dict, description: "[{path, loader, ok, detail}]"}
+    problems: {type: list, elements: str, description: Other verification problems in plain words.}
+    rsync_entries: {type: list, elements: str, description: Top-level capsule entries sent (one rsync each).}
+    rsync_changed: {type: list, elements: str, description: Entries rsync changed.}
+    rsync_failed: {type: list, elements: str, description: Entries whose rsync (or repair) failed.}
+    repaired: {type: list, elements: str, description: Local files re-sent because they differed.}
+    error: {type: str, description: The host's failure message, or null.}
 failure:
   type: str
-  description: "With I(report) only: the host's failure message, or null."
+  returned: with I(report)
+  description: "The host's failure message, or null."
 """
 
 import errno

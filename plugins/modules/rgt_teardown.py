@@ -162,10 +162,25 @@ manual_steps:
   returned: always
   type: list
 gate:
-  description: "The gate's verdict: C(passed), C(reasons) (each names a run and its state), C(runs) (every run
-    on the box with its state and pull state), C(others) (directories that are not rgt runs), C(notes)."
+  description: The gate's verdict (module_utils rgt_gate.evaluate; the runner's plan is the same function).
   returned: always
   type: dict
+  contains:
+    instance_id: {type: str, description: The instance judged.}
+    hosts: {type: list, elements: str, description: Every inventory host that carries the instance.}
+    passed: {type: bool, description: Nothing on the box blocks the meter stop.}
+    reasons: {type: list, elements: str, description: "One per blocking run, naming it and its state."}
+    runs:
+      type: list
+      elements: dict
+      description: "Every run on the box: project, run_id, run_dir, state, attempt, sealed, manifest, pull, blocks,
+        reason, note, files_go (whether the verb deletes its files; null when the profile does not say),
+        durable_root; with a manifest also its evidence: manifest_sha256, host (the host it names), marker (the
+        local PULL_VERIFIED.json), pulled (the local copy), files, bytes, and when the copy differs missing,
+        unexpected, size_mismatch, sha_mismatch."
+    others: {type: list, elements: str, description: Directories under the roots that are not rgt runs.}
+    notes: {type: list, elements: str, description: What passed without blocking (an empty box, unpulled runs).}
+    roots: {type: list, elements: str, description: The durable roots the listings covered.}
 remote_command:
   description: For C(scancel), the argv the role runs on the login node.
   returned: when verb is scancel

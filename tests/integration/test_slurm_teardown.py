@@ -8,84 +8,23 @@ Needs root (apt-get, /etc/slurm/slurm.conf, munged). Run: pytest -m slurm tests/
 
 import json
 import os
-import shutil
-import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from slurmcluster import job_state, slurm, squeue_state  # noqa: F401 (slurm: the module's cluster fixture)
 
 from tests.fakes.capsule import make_pull
 
 REPO = Path(__file__).resolve().parents[2]
 PY = REPO / ".venv" / "bin" / "python"
-SLURM = REPO / "tests" / "slurm"
 RUN_ID = "slurm-run"
 HOST = "localhost"
 
-pytestmark = [pytest.mark.slurm,
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm"),
               pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
                                  reason="needs .venv with ansible-core")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _sh(script: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SLURM / script)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **env})
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    """A running cluster of this module's own (state dir, config, ports: another test run on the same machine
-    has its own and never stops this one); stopped at the end. Skips only when it cannot be had at all.
-    SLURM_CONF points the test's sbatch/squeue and the runner's scancel at it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: start-slurm.sh installs slurm packages, runs slurmd and munged")
-    have = all(shutil.which(b) for b in ("slurmctld", "slurmd", "scancel", "munged"))
-    if not have and not shutil.which("apt-get"):
-        pytest.skip("slurm packages are missing and there is no apt-get to install them")
-    state = tempfile.mkdtemp(prefix="rgt-slurm-", dir="/tmp")  # short: slurmd keeps unix sockets under it
-    env = {"RGT_SLURM_STATE": state, "RGT_SLURM_CTLD_PORT": str(_free_port()),
-           "RGT_SLURM_D_PORT": str(_free_port())}
-    old_conf = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = f"{state}/slurm.conf"
-    try:
-        t0 = time.monotonic()
-        proc = _sh("start-slurm.sh", env)
-        if proc.returncode == 3:  # packages missing and apt could not install them (e.g. no network)
-            pytest.skip("cannot install slurm packages: " + proc.stderr.strip())
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        print(f"\nslurm start: {time.monotonic() - t0:.2f} s\n{proc.stdout}")
-        yield
-    finally:
-        t0 = time.monotonic()
-        stop = _sh("stop-slurm.sh", env)
-        print(f"\nslurm stop: {time.monotonic() - t0:.2f} s\n{stop.stdout}{stop.stderr}")
-        if old_conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old_conf
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def job_state(job_id: str) -> str:
-    """JobState from scontrol (MinJobAge=3600 keeps finished jobs listed); '' when Slurm no longer knows it."""
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-    for word in out.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return ""
-
-
-def squeue_state(job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
 class LoginNode:
@@ -130,7 +69,7 @@ def doc_of(proc) -> dict:
     return json.loads(lines[0])
 
 
-def test_scancel_is_gated_then_cancels_the_real_job(slurm, tmp_path):
+def test_scancel_is_gated_then_cancels_the_real_job(tmp_path):
     sub = subprocess.run(["sbatch", "--parsable", "-J", RUN_ID, "-o", str(tmp_path / "slurm-%j.out"),
                           "--wrap", "sleep 600"], capture_output=True, text=True, check=True, cwd=tmp_path)
     job_id = sub.stdout.strip().split(";")[0]
@@ -169,7 +108,7 @@ def test_scancel_is_gated_then_cancels_the_real_job(slurm, tmp_path):
         subprocess.run(["scancel", job_id], capture_output=True)
 
 
-def test_teardown_of_an_unknown_job_calls_nothing_and_records_already_gone(slurm, tmp_path):
+def test_teardown_of_an_unknown_job_calls_nothing_and_records_already_gone(tmp_path):
     # scancel exits 0 for an unknown job id; the role must look first, not report a cancel it never made
     node = LoginNode(tmp_path, "999999")
     done = node.teardown("--confirm", "999999")

@@ -88,3 +88,15 @@ def test_the_probe_warns_about_a_durable_root_on_exactly_the_mounts_the_teardown
         if warned:
             assert warned[0]["data"]["survivors"] == [m["path"] for m in profile["mounts"] if m["path"] not in deletes]
             assert profile["meter_stop"]["label"] in warned[0]["message"]
+
+
+@pytest.mark.parametrize("name", sorted(LOST))
+def test_what_the_gate_says_of_a_runs_files_follows_the_same_rule(name):
+    # files_fate (the gate's note for an unpulled run) and deleted_mounts answer from one rule, rgt_gate.survives
+    for reversible in (True, False):
+        profile = with_reversible(SHIPPED[name], reversible)
+        deleted = rgt_gate.deleted_mounts(profile)
+        for mount in profile["mounts"]:
+            goes, text = rgt_gate.files_fate(mount, profile)
+            assert goes is (mount["path"] in deleted), (name, reversible, mount["path"], text)
+            assert mount["path"] in text

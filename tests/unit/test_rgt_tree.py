@@ -6,6 +6,7 @@ import os
 import pytest
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_tree as t
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import READ_CHUNK
 
 
 def rules(*lines):
@@ -157,7 +158,7 @@ def test_hash8_follows_internals_definition(tmp_path):
 
 def test_hash8_stable_for_same_content_and_changes_with_one_byte(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    files = {"train.py": "print('hi')\n", "cfg/a.yaml": "lr: 0.1\n", "big.bin": os.urandom(3 * t.CHUNK + 7)}
+    files = {"train.py": "print('hi')\n", "cfg/a.yaml": "lr: 0.1\n", "big.bin": os.urandom(3 * READ_CHUNK + 7)}
     make(one, files)
     make(two, files)
     os.utime(two / "train.py", (1, 1))  # mtimes and walk order do not matter
@@ -165,7 +166,7 @@ def test_hash8_stable_for_same_content_and_changes_with_one_byte(tmp_path):
     assert t.build_manifest(str(two))["hash8"] == first
     assert t.build_manifest(str(one))["hash8"] == first
     data = bytearray((two / "big.bin").read_bytes())
-    data[2 * t.CHUNK] ^= 1
+    data[2 * READ_CHUNK] ^= 1
     (two / "big.bin").write_bytes(bytes(data))
     assert t.build_manifest(str(two))["hash8"] != first
 
@@ -178,14 +179,14 @@ def test_hash8_changes_with_a_rename(tmp_path):
 
 
 def test_large_file_digest_uses_chunks(tmp_path):
-    blob = os.urandom(2 * t.CHUNK + 123)
+    blob = os.urandom(2 * READ_CHUNK + 123)
     (tmp_path / "f").write_bytes(blob)
     digest, size, _ = t.file_digest(str(tmp_path / "f"))
     assert digest == hashlib.sha256(blob).hexdigest() and size == len(blob)
 
 
 def test_crlf_scripts_are_shell_suffixes_or_shebangs_across_chunks(tmp_path):
-    straddle = b"#" * (t.CHUNK - 1) + b"\r\n" + b"echo\n"
+    straddle = b"#" * (READ_CHUNK - 1) + b"\r\n" + b"echo\n"
     make(tmp_path, {"ok.sh": b"#!/bin/bash\necho ok\n", "bad.sh": b"#!/bin/bash\r\necho hi\r\n",
                     "sub/straddle.sh": straddle, "notes.txt": b"a\r\nb\r\n", "cr_only.sh": b"a\rb\n",
                     "tools/run": b"#!/usr/bin/env python\r\nprint(1)\r\n",      # shebang, no suffix

@@ -99,6 +99,22 @@ def classify(rc, stop_signal=None):
     return "failed", None
 
 
+def start_record(job, attempt, started_at, resume_from, inc, oom_kill, environ):
+    """The attempts.jsonl start line. detach: the primitive named in RGT_DETACH when rgt's batch script started the
+    wrapper inside a scheduler's job (sbatch; with the Slurm job id and Slurm's restart count, which a requeue
+    raises), else tmux or nohup."""
+    record = {"attempt": attempt, "started_at": started_at, "code_dir": job.get("code_dir"),
+              "resume_from": resume_from, "incarnation": inc, "oom_kill": oom_kill,
+              "detach": "tmux" if environ.get("TMUX") else "nohup",
+              "session": job.get("session") if environ.get("TMUX") else None}
+    if environ.get("RGT_DETACH"):
+        record.update(detach=environ["RGT_DETACH"], session=None)
+    if environ.get("RGT_DETACH") and environ.get("SLURM_JOB_ID"):
+        record.update(slurm_job_id=environ["SLURM_JOB_ID"],
+                      slurm_restart_count=int(environ.get("SLURM_RESTART_COUNT") or 0))
+    return record
+
+
 def signal_name(signum):
     try:
         return signal.Signals(signum).name
@@ -394,11 +410,8 @@ class Wrapper:
         pid_doc = {"wrapper_pid": os.getpid(), "job_pid": self.proc.pid, "pgid": self.pgid,
                    "attempt": self.attempt, "incarnation": inc}
         self.guarded("the pid file", lambda: rl.atomic_write_json(self.paths.pid, pid_doc))
-        self.append_record({
-            "attempt": self.attempt, "started_at": now_iso(started), "code_dir": job.get("code_dir"),
-            "resume_from": resume_from, "incarnation": inc, "oom_kill": rl.cgroup_oom_kills(),
-            "detach": "tmux" if os.environ.get("TMUX") else "nohup",
-            "session": job.get("session") if os.environ.get("TMUX") else None})
+        self.append_record(start_record(job, self.attempt, now_iso(started), resume_from, inc,
+                                        rl.cgroup_oom_kills(), os.environ))
         if self.stop_signal:  # a stop that arrived while starting
             self.forward_stop()
         self.heartbeat(True)

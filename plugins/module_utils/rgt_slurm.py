@@ -1,0 +1,295 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
+"""Slurm on the login node: read a job's state (``scontrol show job``), cancel it once and watch it end (teardown),
+submit a run's batch script (rgt_launch's sbatch primitive) and look a run's job up again (status, idempotent
+launch). The parsers are pure and unit tested with real ``scontrol`` text (tests/unit/test_rgt_slurm.py); the calls
+take a ``run`` function (argv -> (rc, stdout, stderr)) so tests and modules share them.
+
+Facts this relies on (measured on Slurm 22.05, docs/slurm.md): ``scancel`` exits 0 for an unknown job id, so only
+``scontrol``'s view says what happened; a job Slurm no longer knows answers "Invalid job id" (any other scontrol
+error says nothing about the job); ``scontrol show job`` lists key=value pairs, several per line, continuation lines
+indented (``-o``: one line per job); JobState may carry a suffix ("CANCELLED by 0").
+
+Python 3.6+, stdlib only, no import of another module_util (the modules and the wrapper's side both load it).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import re
+import subprocess
+import time
+
+__metaclass__ = type
+
+# JobState values after which the job never runs again (unless requeued by hand).
+ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE", "SPECIAL_EXIT")
+PENDING = ("PENDING", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUED", "RESV_DEL_HOLD", "SUSPENDED")
+ACTIVE = ("RUNNING", "CONFIGURING", "COMPLETING", "RESIZING", "STAGE_OUT", "SIGNALING", "STOPPED")
+UNKNOWN_JOB = "Invalid job id"
+RECORD = "slurm.json"  # <run_dir>/.rgt/slurm.json: the submitted job of a run
+CALL_TIMEOUT_S = 30
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+# ---------------------------------------------------------------- pure parsers
+
+def parse_jobs(text):
+    """``scontrol show job`` output (plain, ``-o`` or ``-dd``) -> one {key: value} per job, in order. A value runs to
+    the next key (so it may hold spaces, e.g. a Command with arguments) but never past its line; text before the
+    first JobId= (a comment, an error) is ignored."""
+    jobs = []
+    for block in re.split(r"(?=(?:^|\s)JobId=)", text or ""):
+        block = block.strip()
+        if not block.startswith("JobId="):
+            continue
+        fields = {}
+        marks = list(_KEY.finditer(block))
+        for index, mark in enumerate(marks):
+            end = marks[index + 1].start() if index + 1 < len(marks) else len(block)
+            value = block[mark.end():end].strip()
+            value = value.split("\n", 1)[0].strip()
+            key = mark.group(1)
+            if key not in fields:  # the -dd per-node detail line (Nodes=... Mem=...) never overrides the job's
+                fields[key] = value
+        jobs.append(fields)
+    return jobs
+
+
+def base_state(value):
+    """The bare state word: "CANCELLED by 0" -> CANCELLED, sacct's "CANCELLED+" -> CANCELLED; '' for none."""
+    word = (value or "").strip().split(" ", 1)[0].rstrip("+")
+    return word.upper()
+
+
+def exit_code(value):
+    """ExitCode "rc:signal" -> (rc, signal) as ints; (None, None) when unreadable."""
+    parts = (value or "").strip().split(":")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except (ValueError, IndexError):
+        return None, None
+
+
+def _int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _none(value):
+    return None if value in (None, "", "(null)", "None", "N/A", "Unknown") else value
+
+
+def job_view(fields):
+    """The parts of one job (parse_jobs) that rgt uses: id, name, state, reason, exit rc/signal, restarts, requeue
+    allowed, time limit, run time, comment, node list, stdout path."""
+    rc, sig = exit_code(fields.get("ExitCode"))
+    return {
+        "job_id": fields.get("JobId"), "name": fields.get("JobName"), "state": base_state(fields.get("JobState")),
+        "reason": _none(fields.get("Reason")), "exit_rc": rc, "exit_signal": sig,
+        "restarts": _int(fields.get("Restarts")) or 0, "requeue": fields.get("Requeue") == "1",
+        "time_limit": _none(fields.get("TimeLimit")), "run_time": _none(fields.get("RunTime")),
+        "comment": _none(fields.get("Comment")), "nodes": _none(fields.get("NodeList")),
+        "stdout": _none(fields.get("StdOut")), "partition": _none(fields.get("Partition")),
+    }
+
+
+def ended(state):
+    return base_state(state) in ENDED
+
+
+def parse_submit(text):
+    """``sbatch --parsable`` output ("123" or "123;cluster") -> the job id, or None."""
+    for line in (text or "").splitlines():
+        word = line.strip().split(";", 1)[0]
+        if word.isdigit():
+            return word
+    return None
+
+
+def parse_squeue(text):
+    """``squeue -h -o %i|%T|%k`` rows -> [{job_id, state, comment}] (comment '(null)' -> None)."""
+    rows = []
+    for line in (text or "").splitlines():
+        cells = line.strip().split("|", 2)
+        if len(cells) == 3 and cells[0].strip():
+            rows.append({"job_id": cells[0].strip(), "state": base_state(cells[1]), "comment": _none(cells[2])})
+    return rows
+
+
+# ---------------------------------------------------------------- calls (run: argv -> (rc, out, err))
+
+def run_argv(argv, timeout=CALL_TIMEOUT_S, env=None):
+    """Run argv, never through a shell: (rc, stdout, stderr); rc 127 when the program is missing, 124 on timeout."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                universal_newlines=True, env=env)
+    except OSError as exc:
+        return 127, "", "%s: %s" % (argv[0], exc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return 124, out, (err or "") + "\n%s timed out after %ss" % (argv[0], timeout)
+    return proc.returncode, out, err
+
+
+def show_job(job_id, run=run_argv):
+    """scontrol's view of one job: {"known": True, "view": job_view, "raw": fields} | {"known": False} (Slurm no
+    longer knows the id) | {"known": None, "error": text} (scontrol could not say: slurmctld down, a timeout)."""
+    rc, out, err = run(["scontrol", "show", "job", "-o", str(job_id)])
+    if rc == 0:
+        jobs = [j for j in parse_jobs(out) if j.get("JobId") == str(job_id)] or parse_jobs(out)
+        if jobs:
+            return {"known": True, "view": job_view(jobs[0]), "raw": jobs[0]}
+        return {"known": None, "error": "scontrol printed no job: %s" % (out.strip()[:200] or "(nothing)")}
+    text = (err or out or "").strip()
+    if UNKNOWN_JOB in text:
+        return {"known": False}
+    return {"known": None, "error": text[:300] or "scontrol exited %s" % rc}
+
+
+def cancel(job_id, argv, timeout_s, interval_s, look_tries=5, look_delay_s=3.0, run=run_argv, sleep=time.sleep,
+           clock=time.time):
+    """Teardown's scancel, decided here: look at the job first (a scontrol that cannot say is asked again, at most
+    look_tries times, never guessed), cancel once with argv unless it already ended or Slurm no longer knows it,
+    then wait (bounded by timeout_s, polling every interval_s) until Slurm reports it ended.
+
+    Returns {ok, final_state ('gone' | 'already gone' | 'unknown — check squeue' | None when nothing was
+    decided), slurm_state ('JobState=X' or 'unknown'), calls [{argv, rc}], msg}. ok False with final_state None:
+    Slurm could not say, nothing was cancelled."""
+    before = show_job(job_id, run)
+    tries = 1
+    while before["known"] is None and tries < max(1, look_tries):
+        sleep(look_delay_s)
+        before = show_job(job_id, run)
+        tries += 1
+    calls = [{"argv": list(argv), "rc": None}]
+    if before["known"] is None:
+        return {"ok": False, "final_state": None, "slurm_state": "unknown", "calls": calls,
+                "msg": "%s: scontrol could not show the job (%s): nothing was cancelled; run the teardown again "
+                       "when slurmctld answers" % (job_id, before.get("error"))}
+    if before["known"] is False or ended(before["view"]["state"]):
+        state = before["view"]["state"] if before["known"] else None
+        return {"ok": True, "final_state": "already gone", "calls": calls,
+                "slurm_state": "JobState=%s" % state if state else "unknown",
+                "msg": "%s: %s: nothing was cancelled" % (job_id, "already ended (%s)" % state if state
+                                                          else "Slurm does not know this job")}
+    rc, out, err = run(list(argv))
+    calls[0]["rc"] = rc
+    deadline = clock() + max(0.0, float(timeout_s))
+    interval = max(0.1, float(interval_s))
+    while True:
+        after = show_job(job_id, run)
+        if after["known"] is False or (after["known"] and ended(after["view"]["state"])):
+            state = after["view"]["state"] if after["known"] else None
+            return {"ok": True, "final_state": "gone", "calls": calls,
+                    "slurm_state": "JobState=%s" % state if state else "unknown",
+                    "msg": "%s: cancelled (%s)" % (job_id, state or "Slurm no longer knows it")}
+        if clock() >= deadline:
+            state = after["view"]["state"] if after["known"] else None
+            return {"ok": False, "final_state": "unknown — check squeue", "calls": calls,
+                    "slurm_state": "JobState=%s" % state if state else "unknown",
+                    "msg": "%s: Slurm did not report the job ended within %s s (%s; scancel rc %s: %s); not "
+                           "cancelling again — check squeue" % (job_id, timeout_s, state or after.get("error"),
+                                                                rc, (err or out).strip()[:200])}
+        sleep(interval)
+
+
+# ---------------------------------------------------------------- a run's job (launch, status)
+
+def record_path(meta_dir):
+    return os.path.join(meta_dir, RECORD)
+
+
+def read_record(meta_dir):
+    """<run_dir>/.rgt/slurm.json ({job_id, job_name, submitted_at, submits: [...]}) or None."""
+    try:
+        with open(record_path(meta_dir)) as handle:
+            doc = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def live_jobs(job_name, comment, run=run_argv):
+    """(rows, error): the jobs squeue lists under this name whose comment is this run's (the run dir), pending or
+    running; error is squeue's message when it could not answer (then rows is None: never guess 'none')."""
+    rc, out, err = run(["squeue", "-h", "-n", job_name, "-o", "%i|%T|%k"])
+    if rc != 0:
+        return None, (err or out or "squeue exited %s" % rc).strip()[:300]
+    return [r for r in parse_squeue(out) if r["comment"] == comment], None
+
+
+def sbatch_argv(program, script, job_name, output, comment, grace_s, requeue, spec):
+    """The sbatch command line for a run: job name, output (appended across requeues), the run dir as comment
+    (how a later launch finds the live job), --signal=B:TERM@<grace> (the batch shell execs the wrapper, so the
+    wrapper gets it), --requeue or --no-requeue, then the job spec's slurm block. program: the sbatch binary (the
+    registry's entry names it). Values go as separate argv words: nothing passes through a shell."""
+    spec = spec or {}
+    argv = [program, "--parsable", "--job-name=" + job_name, "--output=" + output, "--open-mode=append",
+            "--comment=" + comment, "--signal=B:TERM@%d" % max(1, int(grace_s)),
+            "--requeue" if requeue else "--no-requeue"]
+    for key, flag in (("partition", "--partition"), ("gres", "--gres"), ("cpus_per_task", "--cpus-per-task"),
+                      ("mem", "--mem"), ("time", "--time"), ("account", "--account"), ("qos", "--qos")):
+        value = spec.get(key)
+        if value is not None and value != "":
+            argv.append("%s=%s" % (flag, value))
+    argv.extend(str(x) for x in spec.get("extra") or [])
+    argv.append(script)
+    return argv
+
+
+def batch_script(python, wrapper, run_dir, detach):
+    """The batch script: the run dir as cwd, then `exec` the wrapper so Slurm's B: signals reach it (bash defers
+    traps while a foreground child runs; an exec'd wrapper gets TERM itself). A requeue runs it again from the
+    top: the wrapper then starts the next attempt from the newest checkpoint. RGT_DETACH names the primitive for the
+    wrapper's attempt record."""
+    from shlex import quote
+    lines = ["#!/bin/bash", "# written by rgt (rgt_launch, detach sbatch): runs the rgt job wrapper of this run",
+             "cd %s || exit 97" % quote(run_dir), "export RGT_DETACH=%s" % quote(detach)]
+    lines.append("exec %s %s %s" % (quote(python), quote(wrapper), quote(run_dir)))
+    return "\n".join(lines) + "\n"
+
+
+def observe(run_dir, run=run_argv):
+    """Slurm's view of a run's job for status, or None when the run was never submitted through Slurm (no
+    .rgt/slurm.json). {job_id, known (True / False: Slurm no longer knows the id / None: it could not say), error,
+    and job_view's keys when known}."""
+    record = read_record(os.path.join(run_dir, ".rgt")) if run_dir else None
+    if not record or not record.get("job_id"):
+        return None
+    seen = show_job(record["job_id"], run)
+    out = {"job_id": str(record["job_id"]), "known": seen["known"], "error": seen.get("error")}
+    if seen["known"]:
+        out.update(seen["view"])
+    return out
+
+
+def duration_s(value):
+    """Slurm's [D-]HH:MM:SS / MM:SS / MM -> seconds; None for UNLIMITED, INFINITE or anything unreadable."""
+    text = (value or "").strip()
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not parts or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    numbers = [int(p) for p in parts]
+    if len(numbers) == 1:
+        seconds = numbers[0] * 60  # a bare number is minutes (sbatch --time=90)
+    elif len(numbers) == 2:
+        seconds = numbers[0] * 60 + numbers[1]
+    else:
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    return days * 86400 + seconds
