@@ -4,7 +4,10 @@
 """Liveness reconciliation: raw facts of one run -> state, evidence and attention (docs/internals.md "Status").
 
 Pure logic, no I/O: the rgt_status module reads the files and processes on the box and hands them here; the
-unit tests hand the same facts in directly. Python 3.6+ standard library only (module_utils run on the box).
+unit tests hand the same facts in directly. For a run submitted through Slurm the facts carry Slurm's view
+(`slurm`: rgt_slurm.observe, read by rgt_statusdoc), because on the login node the wrapper's pids mean nothing;
+`with_slurm` then decides the state from Slurm's view and the wrapper's records. Python 3.6+ standard library only
+(module_utils run on the box).
 
 States (docs/internals.md "Status document"): the exit record of the current attempt decides when there is one
 (exit.json, or the attempt's end line in attempts.jsonl when exit.json is missing: a wrapper on a full disk);
@@ -21,7 +24,10 @@ import time
 
 __metaclass__ = type
 
-STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started")
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
+
+STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started",
+          "queued", "timeout", "oom")  # the last three: runs under Slurm (with_slurm)
 DEFAULT_STEP_PATTERN = r"step[=: ]\s*(\d+)"
 DEFAULT_LOSS_PATTERN = r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"
 DEFAULT_STALL_AFTER_S = 600
@@ -269,8 +275,14 @@ def reconcile(facts):
     not applicable), log_tail (text), log_tail_partial (bool), log_age_s, ckpt_age_s, outputs_present
     ({relpath: bool}), mounts ([{path, bytes_pct, inodes_pct}]), cgroup ({mem_limit_bytes, mem_usage_bytes,
     oom_kill}), oom_kill_baseline, gpu_samples ([{index, util_pct, mem_used_mib, mem_total_mib}], recent rows),
-    now (epoch seconds), warnings (list of strings collected while reading).
+    now (epoch seconds), warnings (list of strings collected while reading), slurm (rgt_slurm.observe's view, or
+    None for a run not submitted through Slurm).
     """
+    doc = _reconcile(facts)
+    return with_slurm(doc, facts.get("slurm"), facts.get("job"))
+
+
+def _reconcile(facts):
     now = facts.get("now") or time.time()
     job = facts.get("job")
     warnings = list(facts.get("warnings") or [])
@@ -470,3 +482,83 @@ def _round(value):
     if isinstance(value, float):
         return round(value, 1)
     return value
+
+
+# ---------------------------------------------------------------- Slurm (detach sbatch)
+
+SLURM_PREEMPTED = ("PREEMPTED", "NODE_FAIL", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+TIMEOUT_ADVICE = ("checkpoint before the limit: the wrapper forwards Slurm's --signal=B:TERM@<grace_s> warning, "
+                  "so save at the next step boundary on SIGTERM, or ask for more time (rgt_job.slurm.time)")
+NEAR_LIMIT_S = 90  # Slurm checks limits and --signal about every 30 s; the warning may come up to 60 s early
+
+
+def _near_limit(slurm, job):
+    """True when the job ran to within grace_s + NEAR_LIMIT_S of its time limit (the B:TERM warning's window)."""
+    limit = rgt_slurm.duration_s(slurm.get("time_limit"))
+    ran = rgt_slurm.duration_s(slurm.get("run_time"))
+    if limit is None or ran is None:
+        return False
+    grace = (job or {}).get("grace_s") or 30
+    return ran >= limit - (grace + NEAR_LIMIT_S)
+
+
+def with_slurm(doc, slurm, job=None):
+    """The status of a run under Slurm: Slurm's view (rgt_slurm.observe) reconciled with the wrapper's records on
+    the shared filesystem. PENDING is `queued` with Slurm's reason; PREEMPTED, NODE_FAIL and the REQUEUE states
+    are `preempted`; RUNNING is `running` (or `stalled` by the log, as on any box); TIMEOUT, or a job whose
+    wrapper stopped on Slurm's warning signal near the time limit, is `timeout` (attention, with the advice to
+    checkpoint before the limit); OUT_OF_MEMORY is `oom` (attention); an ended job otherwise keeps the state its
+    exit record gives (finished, failed), and one with no exit record is failed (it ended non-zero) or dead. The
+    login node's pids and boot id say nothing about a compute node: their evidence is not used. doc unchanged
+    when slurm is None (the run was not submitted through Slurm)."""
+    if not slurm:
+        return doc
+    warnings = doc["warnings"]
+    attention = doc["attention"]
+    doc["slurm"] = dict((k, slurm.get(k)) for k in ("job_id", "known", "state", "reason", "exit_rc", "exit_signal",
+                                                     "restarts", "time_limit", "run_time", "nodes", "error"))
+    if slurm.get("known") is None:
+        warnings.append("Slurm could not say what job %s is doing (%s): the state comes from the wrapper's records "
+                        "alone" % (slurm.get("job_id"), slurm.get("error")))
+        return doc
+    # the login node is not the compute node: a changed boot id or a dead pid there is no evidence here
+    warnings[:] = [w for w in warnings if not w.startswith("the box restarted since attempt")
+                   and not w.startswith("the wrapper is gone but the job process")]
+    exit_doc = (doc.get("evidence") or {}).get("exit") or {}
+    reason = exit_doc.get("reason")
+    state = slurm.get("state") if slurm.get("known") else None
+    restarts = slurm.get("restarts") or 0
+    if state in SLURM_PREEMPTED:
+        doc["state"] = "preempted"
+    elif state in rgt_slurm.PENDING:
+        doc["state"] = "queued"
+        doc["queue_reason"] = slurm.get("reason")
+        if restarts:
+            warnings.append("Slurm requeued job %s (%d restart%s): the next attempt resumes from the newest "
+                            "checkpoint when it runs" % (slurm["job_id"], restarts, "" if restarts == 1 else "s"))
+    elif state in rgt_slurm.ACTIVE:
+        if reason not in ("finished", "failed", "killed") and doc["state"] != "stalled":
+            doc["state"] = "running"  # also between two attempts of a requeue: the new wrapper is starting
+    elif state == "TIMEOUT" or (state in ("COMPLETED", "FAILED") and reason == "preempted"
+                                and _near_limit(slurm, job)):
+        doc["state"] = "timeout"
+        attention.append(_attention("timeout", "Slurm job %s reached its time limit (%s, ran %s): %s"
+                                    % (slurm["job_id"], slurm.get("time_limit"), slurm.get("run_time"),
+                                       TIMEOUT_ADVICE), job_id=slurm["job_id"]))
+    elif state == "OUT_OF_MEMORY":
+        doc["state"] = "oom"
+        attention.append(_attention("oom", "Slurm job %s ran out of memory: raise rgt_job.slurm.mem (MaxRSS x 1.2) "
+                                    "or lower the job's memory use" % slurm["job_id"], job_id=slurm["job_id"]))
+    elif exit_doc and reason in ("finished", "failed", "killed"):
+        pass  # the wrapper's exit record already decided finished / failed
+    elif state == "CANCELLED":
+        doc["state"] = "dead"
+        warnings.append("Slurm job %s was cancelled (scancel)" % slurm["job_id"])
+    elif state in ("COMPLETED", "FAILED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT") or state is None:
+        if not exit_doc:
+            failed = state in ("FAILED", "BOOT_FAIL", "DEADLINE") or (slurm.get("exit_rc") or 0) != 0
+            doc["state"] = "failed" if failed else "dead"
+            warnings.append("Slurm job %s %s without the wrapper's exit record%s" % (
+                slurm["job_id"], "is %s" % state if state else "is no longer known to Slurm",
+                " (exit %s:%s)" % (slurm.get("exit_rc"), slurm.get("exit_signal")) if state else ""))
+    return doc

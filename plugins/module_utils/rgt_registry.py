@@ -84,13 +84,13 @@ DETACH_PRIMITIVES = (
     Entry("nohup", "a new session (setsid, stdin /dev/null, output to logs/wrapper.log): no hangup reaches it",
           True, impl="nohup"),
     Entry("sbatch", "a Slurm batch job submitted from the login node; the wrapper runs inside the allocation",
-          False, runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
-          profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",),
-          instead="a profile with detach tmux on the login node (generic_ssh: the job then runs on the login "
-                  "node itself), or submit the job with sbatch yourself"),
+          True, impl="sbatch", runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
+          profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",)),
     Entry("k8s-job", "a Kubernetes Job from generated manifests, the wrapper as the container's entrypoint", False,
           runs_on="controller", binaries=("kubectl",), env=("KUBECONFIG",), profile_fields=("roots.durable (the PVC)",),
-          instead="a profile with detach tmux on a box you can SSH into (generic_ssh), or apply your own Job"),
+          job_fields=("k8s", "python", "gpu.count", "env", "secrets"),
+          instead="a profile with detach tmux on a box you can SSH into (generic_ssh), or apply your own Job "
+                  "(`rgt-run train -C` prints the run's manifests, validated offline)"),
     Entry("vast-onstart", "vast.ai's /root/onstart.sh, run on every container start, relaunches the wrapper", False,
           binaries=("bash",), profile_fields=("detach.primitive",),
           instead="detach tmux with fallback nohup (the vastai profile); `rgt-run watch` relaunches a preempted "

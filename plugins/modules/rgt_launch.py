@@ -41,7 +41,8 @@ options:
       - The job spec (C(rgt_job)). Used keys - C(command) (required), C(python) (absolute interpreter path,
         required; runs the wrapper too), C(env), C(checkpoint.glob), C(outputs), C(log_patterns),
         C(expected_duration_s), C(price_per_hour), C(auto_resume), C(heartbeat_interval_s),
-        C(gpu_sample_interval_s), C(stall_after_s). Other keys are ignored.
+        C(gpu_sample_interval_s), C(stall_after_s), C(slurm) (detach sbatch - partition, gres, cpus_per_task, mem,
+        time, account, qos, requeue, extra). Other keys are ignored.
     type: dict
     required: true
   code_dir:
@@ -84,6 +85,13 @@ options:
         is never run under another primitive instead.
       - When the primitive's programs are missing on the box (tmux not on PATH), O(detach_fallback) is used with a
         warning, else the task fails.
+      - C(sbatch) runs on the login node and submits the run as a Slurm batch job (C(.rgt/sbatch.sh) execs the
+        wrapper; job name C(rgt-<project>-<run_id>), C(--comment=<run_dir>), C(--output=<run_dir>/logs/slurm-%j.out)
+        appended across requeues, C(--signal=B:TERM@<grace_s>), C(--requeue) unless C(rgt_job.slurm.requeue) is
+        false, and the resources of C(rgt_job.slurm)); the job id goes into C(.rgt/slurm.json). A job of the run
+        that Slurm lists pending or running is live (C(state=queued) or C(running)), never submitted twice. After a
+        submit the call returns C(running) at the first heartbeat, or C(queued) with Slurm's reason while the job
+        waits. OMP_NUM_THREADS is C(rgt_job.slurm.cpus_per_task) (the login node's CPUs say nothing).
     type: str
     default: auto
   detach_fallback:
@@ -136,8 +144,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: running (started now or already live), finished, failed, preempted, dead or not_started (the
-    last three only when nothing was started, for example O(relaunch=false) or check mode).
+  description: running (started now or already live), queued (detach sbatch - Slurm holds the job pending),
+    finished, failed, preempted, dead or not_started (the last three only when nothing was started, for example
+    O(relaunch=false) or check mode).
   returned: always
   type: str
 action:
@@ -187,6 +196,14 @@ exit:
       C(attempts.jsonl) when C(exit.json) is missing (a wrapper that could not write it on a full disk).
   returned: always
   type: dict
+slurm_job_id:
+  description: The Slurm job id of the run (detach sbatch), submitted now or found pending or running.
+  returned: detach sbatch
+  type: str
+slurm_reason:
+  description: Why Slurm keeps the job pending (Priority, Resources, BeginTime, ...), null when it is not.
+  returned: detach sbatch, when queued
+  type: str
 rc_hint:
   description: 3 when the disk gate refused the launch; 2 when the detach primitive is not registered or not built.
   returned: on failure
@@ -201,7 +218,7 @@ from shlex import quote
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
@@ -355,6 +372,102 @@ def start_nohup(module, paths, python, wrapper, result):
     return proc
 
 
+def slurm_job_name(paths):
+    """The Slurm job name of a run (the run dir, its --comment, is what identifies it)."""
+    return "rgt-%s-%s" % (paths.project, paths.run_id)
+
+
+def live_sbatch(module, paths, result):
+    """Slurm's view of this run's job when it is pending or running (never submit twice), else None. Looks up the
+    recorded job id (.rgt/slurm.json) and the jobs squeue lists under the run's name with the run dir as comment;
+    fails, submitting nothing, when Slurm cannot say."""
+    record = rgt_slurm.read_record(paths.meta) or {}
+    views = []
+    if record.get("job_id"):
+        seen = rgt_slurm.show_job(record["job_id"])
+        if seen["known"] is None:
+            module.fail_json(msg="Slurm could not say whether job %s of %s still runs (%s): nothing was submitted; "
+                                 "try again when slurmctld answers" % (record["job_id"], paths.run_id,
+                                                                       seen["error"]), **result)
+        if seen["known"] and not rgt_slurm.ended(seen["view"]["state"]):
+            views.append(seen["view"])
+    if not views:
+        rows, error = rgt_slurm.live_jobs(slurm_job_name(paths), paths.run_dir)
+        if rows is None:
+            module.fail_json(msg="squeue could not list the jobs of %s (%s): nothing was submitted; try again when "
+                                 "slurmctld answers" % (paths.run_id, error), **result)
+        for row in rows:
+            seen = rgt_slurm.show_job(row["job_id"])
+            views.append(seen["view"] if seen["known"] else {"job_id": row["job_id"], "state": row["state"],
+                                                             "reason": None, "restarts": 0})
+    return views[0] if views else None
+
+
+def start_sbatch(module, paths, python, wrapper, result):
+    """Submit the run as a Slurm batch job from the login node: .rgt/sbatch.sh execs the wrapper (so B: signals
+    reach it); job name, --output (logs/slurm-%j.out, appended across requeues), --comment (the run dir),
+    --signal=B:TERM@<grace_s>, --requeue and the job spec's `slurm` resources (rgt_slurm.sbatch_argv). The job id
+    goes atomically into .rgt/slurm.json. Returns None (the wrapper is not our child)."""
+    entry = rgt_registry.detach(module.params["detach"])
+    spec = module.params["job"].get("slurm") or {}
+    if not isinstance(spec, dict):
+        module.fail_json(msg="rgt_job.slurm must be a mapping (partition, gres, cpus_per_task, mem, time, account, "
+                             "qos, requeue, extra): nothing was submitted", rc_hint=2, **result)
+    script = os.path.join(paths.meta, "sbatch.sh")
+    install(script, rgt_slurm.batch_script(python, wrapper, paths.run_dir, entry.name), 0o755)
+    argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, slurm_job_name(paths),
+                                 os.path.join(paths.logs, "slurm-%j.out"), paths.run_dir, module.params["grace_s"],
+                                 spec.get("requeue", True) is not False, spec)
+    rc, out, err = rgt_slurm.run_argv(argv, timeout=60)
+    job_id = rgt_slurm.parse_submit(out) if rc == 0 else None
+    if not job_id:
+        module.fail_json(msg="sbatch refused the job of %s (rc %s): %s" % (paths.run_id, rc, (err or out).strip()),
+                         sbatch_argv=argv, **result)
+    record = rgt_slurm.read_record(paths.meta) or {}
+    submits = list(record.get("submits") or [])
+    submits.append({"job_id": job_id, "attempt": result["attempt"],
+                    "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    rl.atomic_write_json(rgt_slurm.record_path(paths.meta), {
+        "job_id": job_id, "job_name": slurm_job_name(paths), "comment": paths.run_dir, "argv": argv,
+        "submits": submits})
+    result.update(slurm_job_id=job_id, sbatch_argv=argv)
+    return None
+
+
+def wait_sbatch(module, paths, attempt, result):
+    """After a submit: until the wrapper's heartbeat names the new attempt (running), Slurm keeps the job pending
+    (queued, with its reason: a queue may hold it for hours, the call never waits for that), or the job ended
+    without a heartbeat (failed, the slurm-<id>.out tail in the message). Exits the module."""
+    job_id = result["slurm_job_id"]
+    timeout = max(1, module.params["first_heartbeat_timeout_s"])
+    started = time.time()
+    view = {}
+    while True:
+        beat = rl.read_json(paths.heartbeat) or {}
+        done = rl.read_json(paths.exit) or {}
+        if beat.get("attempt") == attempt or done.get("attempt") == attempt:
+            result.update(state="running", msg="submitted %s as Slurm job %s: attempt %d runs" % (
+                paths.run_id, job_id, attempt))
+            module.exit_json(**result)
+        seen = rgt_slurm.show_job(job_id)
+        view = seen.get("view") or view
+        waited = time.time() - started
+        if seen["known"] and view["state"] in rgt_slurm.PENDING and waited >= min(timeout, 5):
+            result.update(state="queued", slurm_state=view["state"], slurm_reason=view["reason"],
+                          msg="submitted %s as Slurm job %s: queued (%s%s); the wrapper starts attempt %d when it "
+                              "runs" % (paths.run_id, job_id, view["state"],
+                                        ", reason " + view["reason"] if view.get("reason") else "", attempt))
+            module.exit_json(**result)
+        if (seen["known"] and rgt_slurm.ended(view["state"])) or waited > timeout:
+            out = tail(os.path.join(paths.logs, "slurm-%s.out" % job_id))
+            module.fail_json(msg="Slurm job %s of %s %s without the wrapper reporting attempt %d. slurm-%s.out "
+                                 "tail:\n%s\njob.log tail:\n%s" % (
+                                     job_id, paths.run_id, "ended (%s)" % view["state"] if seen["known"]
+                                     and rgt_slurm.ended(view["state"]) else "runs %ss" % int(waited), attempt,
+                                     job_id, out, tail(paths.log)), **result)
+        time.sleep(0.2)
+
+
 def choose_detach(module, primitive, fallback, result):
     """The registered, built primitive to start the wrapper with: `primitive` when its programs are on this box's
     PATH, else `fallback` with a warning; fails when neither can run. (Refusals of unregistered or unbuilt names
@@ -476,7 +589,19 @@ def main():
                   code_dir=old_job.get("code_dir"), omp_num_threads=old_job.get("omp_num_threads"),
                   attempt=len([r for r in records if "started_at" in r]), action="none")
 
-    # 1. live: never started twice
+    # 1. live: never started twice (a Slurm job pending or running is live too, wherever its wrapper is)
+    requested = rgt_registry.detach(p["detach"])  # None for auto
+    live_check = globals().get("live_%s" % requested.impl) if requested is not None and requested.impl else None
+    if live_check is not None and not wrapper_alive(paths, pid_doc, inc):
+        live = live_check(module, paths, result)
+        if live:
+            queued = live["state"] in rgt_slurm.PENDING
+            result.update(state="queued" if queued else "running", detach=requested.name, slurm_job_id=live["job_id"],
+                          slurm_state=live["state"], slurm_reason=live.get("reason"),
+                          msg="Slurm job %s of %s is %s%s: not submitted twice" % (
+                              live["job_id"], p["run_id"], live["state"],
+                              " (%s)" % live["reason"] if live.get("reason") else ""))
+            module.exit_json(**result)
     if wrapper_alive(paths, pid_doc, inc):
         attempt = (pid_doc or {}).get("attempt") or result["attempt"]
         result.update(state="running", attempt=attempt, pid=(pid_doc or {}).get("wrapper_pid"),
@@ -529,7 +654,9 @@ def main():
                              **result)
 
     omp = p["omp_num_threads"]
-    if omp is None:
+    if live_check is not None:  # a scheduler's job: the login node's CPUs and cgroup say nothing about it
+        omp = (job.get("slurm") or {}).get("cpus_per_task") or None
+    elif omp is None:
         omp = omp_from_quota(*cgroup_cpu_quota())
     elif omp <= 0:
         omp = None
@@ -559,6 +686,9 @@ def main():
 
     # 5. start detached, then wait for the first heartbeat of this attempt
     proc = globals()["start_" + entry.impl](module, paths, python, wrapper, result)
+    waiter = globals().get("wait_" + entry.impl)
+    if waiter is not None:  # a scheduler's job: it may wait in the queue; never wait for that
+        waiter(module, paths, attempt, result)
     deadline = time.time() + max(1, p["first_heartbeat_timeout_s"])
     while True:
         beat = rl.read_json(paths.heartbeat) or {}

@@ -1,9 +1,10 @@
-"""A profile whose detach primitive is registered but not built yet (the slurm profile: sbatch) is refused before
-anything reaches the box, never run under tmux or nohup instead: `rgt-run train` and `launch_detached` exit 2 naming
-the profile's field and what to use instead; the launch_detached playbook alone (a plain ansible-playbook user) fails
-in rgt_launch with the same registry message. A profile naming a primitive that is not registered at all is refused
-at input for every command (exit 2, the field named). Nothing is created: no durable root, no tmux session, no
-playbook run. All on the local connection (seconds)."""
+"""A profile whose detach primitive is registered but not built yet (today k8s-job and vast-onstart: the registry
+decides, sbatch is built) is refused before anything reaches the box, never run under tmux or nohup instead:
+`rgt-run train` and `launch_detached` exit 2 naming the profile's field and what to use instead; the launch_detached
+playbook alone (a plain ansible-playbook user) fails in rgt_launch with the same registry message. A profile naming
+a primitive that is not registered at all is refused at input for every command (exit 2, the field named). Nothing
+is created: no durable root, no tmux session, no playbook run. All on the local connection (seconds). Each unbuilt
+primitive is tried through a profile of its own (profiles/local.yml with that primitive) in $RGT_PROFILES_DIR."""
 
 import json
 import os
@@ -14,24 +15,42 @@ import pytest
 import yaml
 from clihelp import write_inventory
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry as reg
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
 
-@pytest.fixture
-def box(tmp_path):
-    """A local-connection host of the slurm profile, a private tmux socket dir, and what must stay absent."""
+UNBUILT = [e for e in reg.DETACH_PRIMITIVES if not e.built]
+
+
+def test_sbatch_is_built_and_the_others_wait():
+    assert reg.detach("sbatch").built and reg.launch_problem("sbatch") is None
+    assert {e.name for e in UNBUILT} <= {"k8s-job", "vast-onstart"}
+
+
+@pytest.fixture(params=UNBUILT, ids=[e.name for e in UNBUILT])
+def box(request, tmp_path):
+    """A local-connection host of a profile whose primitive is not built (RGT_PROFILES_DIR), a private tmux
+    socket dir, and what must stay absent."""
+    entry = request.param
     tmux_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"rgt-tmux-{os.getpid()}-{tmp_path.name[-8:]}"
     tmux_dir.mkdir()
-    env = {"TMUX_TMPDIR": str(tmux_dir)}
+    profiles_dir = tmp_path / "unbuilt-profiles"
+    profiles_dir.mkdir()
+    data = yaml.safe_load((REPO / "profiles" / "local.yml").read_text(encoding="utf-8"))
+    data.update(name="engine")
+    data["detach"].update(primitive=entry.name, fallback=None)
+    (profiles_dir / "engine.yml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    env = {"TMUX_TMPDIR": str(tmux_dir), "RGT_PROFILES_DIR": str(profiles_dir)}
 
-    def inventory(profile="slurm"):
+    def inventory(profile="engine"):
         return write_inventory(tmp_path / "inv", {"login": {
             "ansible_connection": "local", "ansible_python_interpreter": str(PYTHON), "rgt_profile": profile,
             "rgt_instance_id": "login-1", "rgt_project": "proj", "rgt_durable_root": str(tmp_path / "durable")}})
 
-    yield {"tmp": tmp_path, "env": env, "inventory": inventory, "tmux_dir": tmux_dir,
+    yield {"tmp": tmp_path, "env": env, "inventory": inventory, "tmux_dir": tmux_dir, "entry": entry,
            "job": {"rgt_job": {"name": "engine-1", "command": "python train.py", "python": str(PYTHON),
                                "code_dir": str(REPO / "examples" / "tiny_train")}}}
     quiet = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
@@ -48,25 +67,25 @@ def nothing_created(box, rgt=None):
         assert not (rgt.ledger / "events").exists(), "a playbook ran on refused input"
 
 
-def refused_at_launch(result, field="detach.primitive"):
+def refused_at_launch(result, entry, field="detach.primitive"):
     assert result.rc == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     doc = result.doc
     assert doc["exit_code"] == 2 and doc["field"] == field, doc
-    assert "'sbatch'" in doc["error"] and "not built yet" in doc["error"], doc
+    assert f"'{entry.name}'" in doc["error"] and "not built yet" in doc["error"], doc
     assert "never runs the job under another primitive" in doc["error"]
-    assert "generic_ssh" in doc["fix"], doc
+    assert entry.instead[:40] in doc["fix"], doc
     assert "not built yet" in result.stderr
 
 
 @pytest.mark.parametrize("command", [["train"], ["playbooks/launch_detached.yml"]])
-def test_launching_through_sbatch_is_refused_at_input_and_nothing_is_created(rgt, box, command):
+def test_launching_through_an_unbuilt_primitive_is_refused_at_input_and_nothing_is_created(rgt, box, command):
     result = rgt(*command, "-i", box["inventory"](), "-e", json.dumps(box["job"]), "--json", env=box["env"])
-    refused_at_launch(result)
+    refused_at_launch(result, box["entry"])
     nothing_created(box, rgt)
 
 
-def test_the_launch_playbook_alone_refuses_sbatch_in_rgt_launch_with_the_registry_message(box):
+def test_the_launch_playbook_alone_refuses_an_unbuilt_primitive_in_rgt_launch_with_the_registry_message(box):
     extra = {**box["job"], "launch_detached_code_dir": str(box["tmp"] / "code-x")}
     env = {**os.environ, **box["env"], "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
            "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".collections"), "ANSIBLE_NOCOLOR": "1"}
@@ -75,9 +94,9 @@ def test_the_launch_playbook_alone_refuses_sbatch_in_rgt_launch_with_the_registr
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert "detach.primitive: 'sbatch'" in out and "is registered but not built yet" in out, out
+    assert f"detach.primitive: '{box['entry'].name}'" in out and "is registered but not built yet" in out, out
     assert "rc_hint: 2" in out and "field: detach.primitive" in out, out
-    assert "Fix: use a profile with detach tmux on the login node" in out
+    assert "Fix: use " + box["entry"].instead[:40] in out
     nothing_created(box)
 
 

@@ -43,11 +43,12 @@ def test_every_shipped_profile_names_registered_primitives_and_verbs(name):
     assert reg.profile_problems(p) == []
 
 
-def test_the_cluster_engines_are_registered_but_not_built_and_say_what_to_use_instead():
-    for name in ("sbatch", "k8s-job", "vast-onstart"):
+def test_the_engines_not_built_yet_are_registered_and_say_what_to_use_instead():
+    for name in ("k8s-job", "vast-onstart"):
         entry = reg.detach(name)
         assert entry is not None and entry.built is False and entry.impl is None and entry.instead
-    assert [e.name for e in reg.DETACH_PRIMITIVES if e.built] == ["tmux", "nohup"]
+    assert [e.name for e in reg.DETACH_PRIMITIVES if e.built] == ["tmux", "nohup", "sbatch"]
+    assert reg.detach("sbatch").impl == "sbatch"
     assert reg.meter_stop_of(raw("slurm")["meter_stop"]) == "scancel"
     assert reg.meter_stop_of(raw("kubernetes")["meter_stop"]) == "delete_job"
     assert reg.meter_stop_of(raw("runpod")["meter_stop"]) == "runpod_rest"
@@ -146,13 +147,13 @@ def test_the_roles_lookup_refuses_the_same_profile(tmp_path):
         LookupModule().run(["local"], profiles_dir=str(tmp_path))
     text = str(info.value)
     assert "field detach.primitive" in text and "'screen' is not a registered detach primitive" in text
-    assert "Fix: use one of: tmux, nohup, sbatch (not built yet)" in text
+    assert "Fix: use one of: tmux, nohup, sbatch, k8s-job (not built yet)" in text
 
 
 # --- refused before a launch: registered but not built -----------------------------------------------------
 
 
-@pytest.mark.parametrize("name, primitive", [("slurm", "sbatch"), ("kubernetes", "k8s-job")])
+@pytest.mark.parametrize("name, primitive", [("kubernetes", "k8s-job")])
 def test_a_launch_through_an_unbuilt_primitive_is_refused_naming_the_field_and_what_to_use(name, primitive):
     profile = profiles.load_profile(name)  # the profile itself is valid: teardown (scancel, kubectl) still works
     err = profiles.launch_problem(profile)
@@ -162,13 +163,13 @@ def test_a_launch_through_an_unbuilt_primitive_is_refused_naming_the_field_and_w
     assert "generic_ssh" in err.fix and f"profile {name}" in str(err)
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if n not in ("slurm", "kubernetes")])
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "kubernetes"])
 def test_profiles_with_built_primitives_may_launch(name):
     assert profiles.launch_problem(profiles.load_profile(name)) is None
 
 
 def test_an_unbuilt_fallback_is_refused_too_and_auto_is_tmux_then_nohup():
-    assert reg.launch_problem("tmux", "sbatch")[0] == "detach.fallback"
+    assert reg.launch_problem("tmux", "k8s-job")[0] == "detach.fallback"
     assert reg.launch_problem("screen")[0] == "detach.primitive"
     assert "not a registered" in reg.launch_problem("screen")[1]
     assert reg.launch_problem("auto") is None and reg.launch_problem("tmux", "nohup") is None
@@ -179,12 +180,12 @@ def test_profiles_show_says_which_primitive_and_verb_and_whether_built():
     console = Console(record=True, width=200)
     profiles.render_show(console, profiles.load_profile("slurm"))
     text = console.export_text()
-    assert "Detach: sbatch (not built yet" in text
+    assert "Detach: sbatch (no fallback)" in text
     assert "Meter stopped by: scancel — needs scancel, scontrol on the login node" in text
     console = Console(record=True, width=200)
     profiles.render_show(console, profiles.load_profile("runpod"))
     text = console.export_text()
     assert "Detach: tmux (fallback nohup)" in text and "Meter stopped by: runpod_rest" in text
     doc = profiles.profile_as_json(profiles.load_profile("slurm"))
-    assert doc["engines"]["detach"]["name"] == "sbatch" and doc["engines"]["detach"]["built"] is False
+    assert doc["engines"]["detach"]["name"] == "sbatch" and doc["engines"]["detach"]["built"] is True
     assert doc["engines"]["meter_stop"]["name"] == "scancel" and doc["engines"]["meter_stop"]["built"] is True

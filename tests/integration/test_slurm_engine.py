@@ -1,0 +1,191 @@
+"""sbatch as a launch engine, against a REAL single-node Slurm (tests/slurm/start-slurm.sh, shared fixture in
+slurmcluster.py): the login node is localhost (ansible_connection local) with the slurm profile and a temp durable
+root. One `rgt-run train` submits three runs of examples/tiny_train at once:
+
+- `requeue`: runs, is requeued mid-run with `scontrol requeue` (status: queued/preempted, Slurm's restart count),
+  then runs attempt 2 from its newest checkpoint and finishes with weights byte-identical to an uninterrupted run;
+- `pending`: held by `--begin=now+1hour` (rgt_job.slurm.extra): train and status say queued with Slurm's reason,
+  and a second launch finds the pending job and submits nothing;
+- `timeout`: `--time=1` (rgt_job.slurm.time): Slurm's B:TERM warning reaches the wrapper, the job checkpoints, and
+  status says timeout with the advice to checkpoint before the limit (exit 5). Costs up to ~60 s, concurrent with
+  the others.
+
+Needs root (start-slurm.sh). Run: pytest -m slurm tests/integration/test_slurm_engine.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from slurmcluster import slurm  # noqa: F401 (the module's cluster fixture)
+
+REPO = Path(__file__).resolve().parents[2]
+PY = REPO / ".venv" / "bin" / "python"
+TINY = REPO / "examples" / "tiny_train"
+STEPS = "--steps 300 --ckpt-every 10"
+
+pytestmark = [pytest.mark.slurm,
+              pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
+                                 reason="needs .venv with ansible-core")]
+
+
+def job(name, command, slurm_spec):
+    return {"name": name, "command": command, "python": sys.executable, "code_dir": str(TINY),
+            "checkpoint": {"glob": "step_*.ckpt"}, "outputs": ["weights.bin", "metrics.json"],
+            "disk_floor_gib": 0, "slurm": slurm_spec}
+
+
+class Login:
+    """localhost as the login node: one inventory host per run, one durable root, one private ledger."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.durable = root / "durable"
+        self.ledger = root / "ledger"
+        self.inv = root / "hosts.yml"
+        jobs = {
+            "requeue": job("requeue", f"python3 train.py {STEPS} --sleep 0.05", {"cpus_per_task": 1, "time": "10"}),
+            "pending": job("pending", f"python3 train.py {STEPS}", {"extra": ["--begin=now+1hour"]}),
+            "timeout": job("timeout", "python3 train.py --steps 100000 --ckpt-every 50 --sleep 0.05",
+                           {"time": "1", "cpus_per_task": 1}),
+        }
+        hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": str(PY), "rgt_profile": "slurm",
+                        "rgt_instance_id": "login-1", "rgt_project": "proj", "rgt_durable_root": str(self.durable),
+                        "rgt_shared_volume": True, "rgt_job": spec} for name, spec in jobs.items()}
+        self.inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+
+    def run_dir(self, name) -> Path:
+        return self.durable / "proj" / "active" / name
+
+    def rgt(self, *args, timeout=300):
+        env = {**os.environ, "RGT_LEDGER": str(self.ledger), "ANSIBLE_NOCOLOR": "1"}
+        proc = subprocess.run([str(PY), "-m", "rgt.cli", *args, "-i", str(self.inv), "--json"], capture_output=True,
+                              text=True, env=env, cwd=REPO, timeout=timeout, stdin=subprocess.DEVNULL)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        assert len(lines) == 1, proc.stdout + proc.stderr
+        return proc.returncode, json.loads(lines[0]), proc.stderr
+
+    def status(self, name):
+        rc, doc, err = self.rgt("status", "-l", name)
+        return rc, doc["hosts"][name]
+
+    def job_id(self, name) -> str:
+        return json.loads((self.run_dir(name) / ".rgt" / "slurm.json").read_text())["job_id"]
+
+    def attempts(self, name):
+        text = (self.run_dir(name) / ".rgt" / "attempts.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def squeue_names(name):
+    out = subprocess.run(["squeue", "-h", "-n", f"rgt-proj-{name}", "-o", "%i"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def reference_weights(tmp: Path) -> bytes:
+    """tiny_train run once, uninterrupted, outside Slurm: the bytes a resumed run must reproduce."""
+    env = {**os.environ, "RGT_CKPT_DIR": str(tmp / "ckpt"), "RGT_OUT_DIR": str(tmp / "out"), "RGT_RESUME_FROM": "",
+           "RGT_PREEMPT_FILE": ""}
+    subprocess.run([sys.executable, str(TINY / "train.py"), *STEPS.split()], check=True, env=env, cwd=tmp,
+                   capture_output=True)
+    return (tmp / "out" / "weights.bin").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def login(slurm, tmp_path_factory):  # noqa: F811 (slurm: the cluster fixture imported above)
+    node = Login(tmp_path_factory.mktemp("slurm-engine"))
+    t0 = time.monotonic()
+    rc, doc, err = node.rgt("train", timeout=400)
+    print(f"train of 3 runs through sbatch: {time.monotonic() - t0:.1f} s")
+    node.train = (rc, doc, err)
+    yield node
+    for name in ("requeue", "pending", "timeout"):
+        subprocess.run(["scancel", "-n", f"rgt-proj-{name}"], capture_output=True)
+
+
+def test_train_submits_each_run_with_its_resources_from_the_job_spec(login):
+    rc, doc, err = login.train
+    assert rc == 0, json.dumps(doc)[:3000] + err[-3000:]
+    for name in ("requeue", "timeout"):
+        report = doc["hosts"][name]["launch_detached"]
+        assert report["detach"] == "sbatch" and report["state"] in ("running", "finished"), report
+        assert report["slurm_job_id"] == login.job_id(name)
+    record = json.loads((login.run_dir("timeout") / ".rgt" / "slurm.json").read_text())
+    assert "--time=1" in record["argv"] and "--cpus-per-task=1" in record["argv"]
+    assert "--signal=B:TERM@30" in record["argv"] and "--requeue" in record["argv"]  # slurm profile: spot.grace_s
+    assert f"--comment={login.run_dir('timeout')}" in record["argv"]
+    script = (login.run_dir("timeout") / ".rgt" / "sbatch.sh").read_text()
+    assert script.rstrip().splitlines()[-1].startswith("exec ")  # signals reach the wrapper itself
+    start = login.attempts("timeout")[0]
+    assert start["detach"] == "sbatch" and start["slurm_job_id"] == login.job_id("timeout")
+
+
+def test_a_pending_job_is_queued_with_its_reason_and_never_submitted_twice(login):
+    report = login.train[1]["hosts"]["pending"]["launch_detached"]
+    assert report["state"] == "queued" and report["slurm_reason"] == "BeginTime", report
+    job_id = login.job_id("pending")
+    rc, doc = login.status("pending")
+    assert rc == 0, doc
+    assert doc["state"] == "queued" and doc["queue_reason"] == "BeginTime", doc
+    assert doc["slurm"]["job_id"] == job_id and doc["slurm"]["state"] == "PENDING"
+    rc, again, err = login.rgt("playbooks/launch_detached.yml", "-l", "pending")
+    assert rc == 0, json.dumps(again)[:2000] + err[-2000:]
+    report = again["hosts"]["pending"]["launch_detached"]
+    assert report["state"] == "queued" and report["action"] == "none" and "not submitted twice" in report["msg"]
+    assert squeue_names("pending") == [job_id]
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_and_finishes_byte_identical(login, tmp_path):
+    run = login.run_dir("requeue")
+    job_id = login.job_id("requeue")
+    wait_until(lambda: (run / "ckpt" / "step_00000040.ckpt").exists(), 60, "a checkpoint of attempt 1")
+    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
+    # the requeued job waits cred_expire + 1 s (PENDING, BeginTime); a hold keeps it pending however slow this
+    # machine is, so status is looked at while Slurm holds it: queued (or preempted while REQUEUED), restarts 1
+    wait_until(lambda: subprocess.run(["scontrol", "hold", job_id], capture_output=True).returncode == 0, 10,
+               "the requeued job to be pending (scontrol hold)")
+    rc, doc = wait_until(lambda: (lambda s: s if s[1]["state"] in ("queued", "preempted") else None)(
+        login.status("requeue")), 30, "status queued/preempted after the requeue")
+    assert doc["slurm"]["restarts"] == 1 and doc["slurm"]["job_id"] == job_id, doc
+    if doc["state"] == "queued":
+        assert doc["queue_reason"] in ("JobHeldAdmin", "JobHeldUser", "BeginTime"), doc  # root holds as admin
+        assert any("requeued job" in w for w in doc["warnings"]), doc["warnings"]
+    # release it without the requeue delay: the job restarts now, from the top of its batch script
+    subprocess.run(["scontrol", "release", job_id], check=True, capture_output=True)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True, capture_output=True)
+    rc, doc = wait_until(lambda: (lambda s: s if s[1]["state"] == "finished" else None)(login.status("requeue")),
+                         90, "the requeued run to finish")
+    assert rc == 0 and doc["attempt"] == 2, doc
+    starts = [a for a in login.attempts("requeue") if "started_at" in a]
+    ends = [a for a in login.attempts("requeue") if "ended_at" in a]
+    assert [s["attempt"] for s in starts] == [1, 2] and [e["reason"] for e in ends] == ["preempted", "finished"]
+    assert starts[1]["slurm_job_id"] == job_id and starts[1]["slurm_restart_count"] == 1
+    assert starts[1]["resume_from"] and Path(starts[1]["resume_from"]).parent == run / "ckpt", starts[1]
+    assert "resumed from" in (run / "logs" / "job.log").read_text()
+    assert (run / "out" / "weights.bin").read_bytes() == reference_weights(tmp_path)
+
+
+def test_a_job_that_reaches_its_time_limit_is_timeout_with_the_advice_to_checkpoint(login):
+    rc, doc = wait_until(lambda: (lambda s: s if s[1]["state"] == "timeout" else None)(login.status("timeout")),
+                         120, "status timeout")
+    assert rc == 5, doc  # attention
+    (item,) = [a for a in doc["attention"] if a["id"] == "timeout"]
+    assert "checkpoint before the limit" in item["message"] and item["job_id"] == login.job_id("timeout")
+    assert doc["slurm"]["time_limit"] == "00:01:00"
+    # the wrapper got Slurm's warning (B:TERM before the limit) and the job saved a checkpoint on it
+    assert "preempted: checkpoint" in (login.run_dir("timeout") / "logs" / "job.log").read_text()
