@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from rgt import errors, jobspec, memory, paths, profiles
+from rgt import errors, jobspec, k8s, memory, paths, profiles
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
@@ -231,7 +231,7 @@ it again while the run is live changes nothing and says so. Follow it with `rgt-
 
 def commands() -> dict[str, Command]:
     """The dispatch table, in the order `rgt-run` lists it."""
-    from rgt import init, lifecycle, pin, pull, runreport, runs, status, teardown
+    from rgt import init, lifecycle, logs, pin, pull, runreport, runs, status, teardown
 
     table = [
         Command("init", init.HELP, init.__doc__ or init.HELP, init.run, OUTPUT_ONLY, init.add_arguments),
@@ -248,6 +248,7 @@ def commands() -> dict[str, Command]:
         Command("status", status.STATUS_HELP, status.STATUS_DESCRIPTION, status.run_status),
         Command("watch", status.WATCH_HELP, status.WATCH_DESCRIPTION, status.cmd_watch, ALL_SHARED,
                 status.add_watch_arguments),
+        Command("logs", logs.HELP, logs.DESCRIPTION, logs.cmd_logs, ALL_SHARED, logs.add_arguments),
         Command("pull", pull.HELP, pull.DESCRIPTION, pull.cmd_pull, ALL_SHARED, pull.add_arguments),
         Command("teardown", teardown.HELP, teardown.DESCRIPTION, teardown.cmd_teardown, ALL_SHARED,
                 teardown.add_arguments),
@@ -540,8 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def prepare(args: argparse.Namespace, pins: bool = True):
-    """Everything that can reject input, done before any host is touched."""
+def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
+    """Everything that can reject input, done before any host is touched. `plan` (train -C): a Kubernetes host is
+    not refused for its detach primitive (the plan shows its manifests and launches nothing)."""
     origins: dict[str, str] = {}
     extravars = parse_extravars(args.extra_vars, origins)
     for name in CONFIRM_VARS:
@@ -562,7 +564,16 @@ def prepare(args: argparse.Namespace, pins: bool = True):
     except FileNotFoundError:
         raise _unknown_command(args.playbook) from None
     hosts = load_hosts(args.inventory, args.limit, extravars)
-    profiles.check_launch(playbook.stem, hosts)  # a detach primitive not built yet: refused before any box
+    sweeping = sorted(h.name for h in hosts
+                      if isinstance(h.vars.get("rgt_job"), dict) and h.vars["rgt_job"].get("sweep"))
+    if sweeping and not plan:
+        raise InputError(f"the job spec declares a sweep (hosts {', '.join(sweeping)}): running a sweep is not built "
+                         "yet", fix="see its cells and where each would run with `rgt-run train -C`; run one cell "
+                         "as a job of its own (its params in args) meanwhile", field="rgt_job.sweep")
+    # a detach primitive not built yet: refused before any box
+    profiles.check_launch(playbook.stem, [h for h in hosts if not (plan and k8s.is_k8s(h.profile))])
+    # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
+    ssh_hosts = [h for h in hosts if not k8s.is_k8s(h.profile)]
     if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)
                                             and h.vars["rgt_job"].get("smoke_command") for h in hosts):
         raise InputError("there is nothing to smoke: the job spec has no smoke_command",
@@ -573,7 +584,7 @@ def prepare(args: argparse.Namespace, pins: bool = True):
     # an inventory's job: its relative paths follow the inventory file that wrote it (the roles read this)
     extravars["rgt_job_base_dirs"] = {h.name: str(h.job_base) for h in hosts if h.job_base}
     if playbook.stem in SECRET_PLAYBOOKS:
-        missing = missing_secrets(hosts)
+        missing = missing_secrets(ssh_hosts)
         if missing:
             listed = "; ".join(f"{name} (for {', '.join(on)})" for name, on in sorted(missing.items()))
             raise InputError(f"secret variable(s) not set in this environment: {listed}",
@@ -581,7 +592,7 @@ def prepare(args: argparse.Namespace, pins: bool = True):
                                  "(rgt reads each secret by name and never stores it), or remove it from "
                                  "rgt_job.secrets", field="rgt_job.secrets")
     if pins:
-        check_pins(args.inventory, hosts)
+        check_pins(args.inventory, ssh_hosts)
     return playbook, hosts, extravars
 
 

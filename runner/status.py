@@ -1,9 +1,11 @@
 """`rgt-run status` and `rgt-run watch`: the monitor phase seen from the controller.
 
-One `playbooks/monitor.yml` run per poll (one read-only round trip per host). The box decides the job's state
-(`rgt_status` module); the runner adds `unreachable` for a host whose SSH failed and never turns that into a job
-state. Exit codes: 3 a host key does not match its pin, else 5 any attention, else 1 any failed/dead/preempted/
-not_started run or module error, else 4 any unreachable host, else 0 (every run running or finished).
+One parallel round over multiplexed SSH per poll (rgt.sshround: one read-only `python3` call per host running the
+monitor module's own code, module_utils/rgt_statusdoc); playbooks/monitor.yml gives the same document for ops teams
+and for a host whose connection is an Ansible template. The box decides the job's state; the runner adds
+`unreachable` for a host whose SSH failed and never turns that into a job state. Exit codes: 3 a host key does
+not match its pin, else 5 any attention, else 1 any failed/dead/preempted/not_started run or module error, else 4
+any unreachable host, else 0 (every run running or finished).
 
 watch: a bounded loop of status ticks (default every 90 s, at most 120 ticks). A host whose SSH fails is backed
 off exponentially (interval x 2^k, capped at 10 min) and skipped until it is due again; the next tick is at the
@@ -32,10 +34,11 @@ from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90
 DEFAULT_MAX_TICKS = 120
-FAILED_STATES = ("failed", "dead", "preempted", "not_started", "error")
-TERMINAL_STATES = ("finished", "failed", "dead", "not_started", "error")
+FAILED_STATES = ("failed", "dead", "preempted", "not_started", "error", "timeout", "oom")
+TERMINAL_STATES = ("finished", "failed", "dead", "not_started", "error", "timeout", "oom")
 STATE_STYLE = {"running": "green", "finished": "green", "stalled": "yellow", "preempted": "yellow",
-               "failed": "red", "dead": "red", "error": "red", "unreachable": "magenta", "not_started": "dim"}
+               "failed": "red", "dead": "red", "error": "red", "unreachable": "magenta", "not_started": "dim",
+               "queued": "cyan", "timeout": "red", "oom": "red"}
 
 
 # ---------------------------------------------------------------- one poll
@@ -60,6 +63,23 @@ def host_doc(name: str, outcome, now: float) -> dict:
     if outcome.failed or not isinstance(report, dict):
         return {"host": name, "state": "error",
                 "error": _first_line(outcome.messages) or "the monitor play did not return a status document"}
+    return seen_doc(name, report, now)
+
+
+def round_doc(name: str, outcome, now: float) -> dict:
+    """The per-host entry from the ssh round (rgt.sshround.Outcome): the same shapes as host_doc."""
+    if outcome.unreachable:
+        doc = {"host": name, "state": "unreachable", "error": outcome.error or "unreachable"}
+        if outcome.host_key_mismatch:
+            doc["host_key_mismatch"] = True
+        return doc
+    if not isinstance(outcome.status, dict):
+        return {"host": name, "state": "error", "error": outcome.error or "no status document"}
+    return seen_doc(name, outcome.status, now)
+
+
+def seen_doc(name: str, report: dict, now: float) -> dict:
+    """A box's status document as the runner keeps it: the inventory name as host, the box's as hostname."""
     doc = dict(report)
     doc["hostname"] = doc.get("host")
     doc["host"] = name
@@ -124,7 +144,23 @@ def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
 
 
 def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
-    """One monitor.yml run over `hosts`; returns {host: doc} (recorded in the ledger)."""
+    """One status round over `hosts` (rgt.sshround: parallel multiplexed SSH, the module's own code on the box);
+    returns {host: doc} (recorded in the ledger). A host whose connection or status arguments are Ansible
+    templates is looked at by monitor.yml instead (only Ansible can evaluate them)."""
+    from rgt import sshround
+
+    by_round = [h for h in hosts if sshround.can_round(args.inventory, h, extravars)]
+    by_play = [h for h in hosts if h not in by_round]
+    outcomes = sshround.status_round(args.inventory, by_round, extravars) if by_round else {}
+    now = time.time()
+    docs = {name: round_doc(name, outcome, now) for name, outcome in outcomes.items()}
+    if by_play:
+        docs.update(poll_play(args, console, by_play, extravars, ledger))
+    return {h.name: record(ledger, h.name, docs[h.name], now) for h in hosts}
+
+
+def poll_play(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
+    """One monitor.yml run over `hosts`: {host: doc} (not recorded)."""
     from rgt import paths
     from rgt.phases import run_playbook
 
@@ -132,7 +168,7 @@ def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dic
     result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
                           limit=",".join(h.name for h in hosts), quiet=True, verbosity=args.verbose or 0)
     now = time.time()
-    return {h.name: record(ledger, h.name, host_doc(h.name, result.hosts.get(h.name), now), now) for h in hosts}
+    return {h.name: host_doc(h.name, result.hosts.get(h.name), now) for h in hosts}
 
 
 # ---------------------------------------------------------------- rendering

@@ -7,7 +7,7 @@ import pytest
 
 from rgt import cli
 
-SUBCOMMANDS = ["init", "profiles", "pin", "smoke", "probe", "env_check", "train", "status", "watch", "pull",
+SUBCOMMANDS = ["init", "profiles", "pin", "smoke", "probe", "env_check", "train", "status", "watch", "logs", "pull",
                "teardown", "lifecycle", "runs", "report"]
 INTERNALS = ["design.md", "§", "internals.md", "rgt_status", "rgt_gate", "rgt_tree", "teardown_plan_only",
              "module", "rgt.cli", "monitor.yml", "launch_detached.yml"]
@@ -36,7 +36,7 @@ def test_every_subcommand_help_exits_0_in_the_users_words(name, capsys):
         assert word not in out, f"`rgt-run {name} --help` says {word!r}:\n{out}"
 
 
-@pytest.mark.parametrize("name", ["status", "watch", "pull", "teardown", "lifecycle", "train", "probe", "pin"])
+@pytest.mark.parametrize("name", ["status", "watch", "logs", "pull", "teardown", "lifecycle", "train", "probe", "pin"])
 def test_commands_on_boxes_share_one_definition_of_the_target_options(name):
     """-i/-l (and -e, --json, --ledger, -v where taken) read the same on every command that acts on boxes."""
     parser = subparsers()[name]
