@@ -3,7 +3,8 @@ slurmcluster.py): the login node is localhost (ansible_connection local) with th
 root. One `rgt-run train` submits three runs of examples/tiny_train at once:
 
 - `requeue`: runs, is requeued mid-run with `scontrol requeue` (status: queued/preempted, Slurm's restart count),
-  then runs attempt 2 from its newest checkpoint and finishes with weights byte-identical to an uninterrupted run;
+  then runs attempt 2 from its newest checkpoint and finishes with weights byte-identical to an uninterrupted run,
+  which `rgt-run pull` seals, pulls and verifies from the login node;
 - `pending`: held by `--begin=now+1hour` (rgt_job.slurm.extra): train and status say queued with Slurm's reason,
   and a second launch finds the pending job and submits nothing;
 - `timeout`: `--time=1` (rgt_job.slurm.time): Slurm's B:TERM warning reaches the wrapper, the job checkpoints, and
@@ -177,7 +178,15 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_finishes_byte_identical(
     assert starts[1]["slurm_job_id"] == job_id and starts[1]["slurm_restart_count"] == 1
     assert starts[1]["resume_from"] and Path(starts[1]["resume_from"]).parent == run / "ckpt", starts[1]
     assert "resumed from" in (run / "logs" / "job.log").read_text()
-    assert (run / "out" / "weights.bin").read_bytes() == reference_weights(tmp_path)
+    reference = reference_weights(tmp_path)
+    assert (run / "out" / "weights.bin").read_bytes() == reference
+    # collect and pull run from the login node, as on any box: sealed, pulled, SHA-256 verified
+    runs = login.root / "runs"
+    rc, doc, err = login.rgt("pull", "-l", "requeue", "--runs-dir", str(runs))
+    assert rc == 0, doc
+    assert doc["hosts"]["requeue"]["verified"] is True, doc
+    assert (runs / "requeue" / "requeue" / "out" / "weights.bin").read_bytes() == reference
+    assert json.loads((runs / "requeue" / "requeue.PULL_VERIFIED.json").read_text())["run_id"] == "requeue"
 
 
 def test_a_job_that_reaches_its_time_limit_is_timeout_with_the_advice_to_checkpoint(login):
