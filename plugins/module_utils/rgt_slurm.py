@@ -203,6 +203,30 @@ def cancel(job_id, argv, timeout_s, interval_s, look_tries=5, look_delay_s=3.0, 
         sleep(interval)
 
 
+def cancel_jobs(jobs, timeout_s, interval_s, look_tries=5, look_delay_s=3.0, run=run_argv, sleep=time.sleep,
+                clock=time.time):
+    """cancel() for each of jobs ([{job_id, argv}]: the instance id and the jobs the runs on the box submitted),
+    each looked at, cancelled once and waited for; one outcome for the teardown record. final_state: None when
+    Slurm could not say for a job (that job is not cancelled; the others are), else "unknown — check squeue" when
+    one never ended, "already gone" when none needed a cancel, else "gone". slurm_state is the job's JobState for
+    one job, "<id>: JobState=X; ..." for several."""
+    outcomes = [dict(cancel(job["job_id"], job["argv"], timeout_s, interval_s, look_tries, look_delay_s, run, sleep,
+                            clock), job_id=job["job_id"]) for job in jobs]
+    finals = [o["final_state"] for o in outcomes]
+    if None in finals:
+        final = None
+    elif any(f not in ("gone", "already gone") for f in finals):
+        final = "unknown — check squeue"
+    else:
+        final = "already gone" if all(f == "already gone" for f in finals) else "gone"
+    states = [o["slurm_state"] for o in outcomes]
+    return {"ok": all(o["ok"] for o in outcomes), "final_state": final,
+            "slurm_state": states[0] if len(states) == 1 else "; ".join(
+                "%s: %s" % (o["job_id"], o["slurm_state"]) for o in outcomes),
+            "calls": [c for o in outcomes for c in o["calls"]], "jobs": outcomes,
+            "msg": "; ".join(o["msg"] for o in outcomes)}
+
+
 # ---------------------------------------------------------------- a run's job (launch, status)
 
 def record_path(meta_dir):

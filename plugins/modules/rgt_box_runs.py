@@ -73,7 +73,8 @@ box:
     runs:
       description: "One entry per run: C(project), C(run_id), C(run_dir) (null for an export without a run
         directory), C(state), C(attempt), C(export) {C(path), C(sealed), C(manifest), C(manifest_path),
-        C(manifest_sha256), C(manifest_b64), C(manifest_error)}."
+        C(manifest_sha256), C(manifest_b64), C(manifest_error)}, C(slurm_job_id) (the job a run submitted through
+        sbatch recorded in C(.rgt/slurm.json), else null)."
       type: list
       elements: dict
     not_runs:
@@ -89,6 +90,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     RunPaths,
     check_name,
@@ -164,8 +166,10 @@ def describe_run(paths):
             attempt = pid["attempt"]
     else:
         state = last_state(records, exit_doc)
+    slurm = rgt_slurm.read_record(paths.meta)  # a run submitted through sbatch: its job (teardown cancels it)
     return {"project": paths.project, "run_id": paths.run_id, "run_dir": paths.run_dir, "state": state,
-            "attempt": attempt, "export": export_info(paths.export_dir, paths.run_id)}
+            "attempt": attempt, "export": export_info(paths.export_dir, paths.run_id),
+            "slurm_job_id": str(slurm["job_id"]) if slurm and slurm.get("job_id") else None}
 
 
 def list_project(root, project, runs, not_runs):

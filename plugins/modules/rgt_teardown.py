@@ -181,6 +181,11 @@ gate:
     others: {type: list, elements: str, description: Directories under the roots that are not rgt runs.}
     notes: {type: list, elements: str, description: What passed without blocking (an empty box, unpulled runs).}
     roots: {type: list, elements: str, description: The durable roots the listings covered.}
+remote_jobs:
+  description: For C(scancel), every job the role cancels on the login node, C([{job_id, argv}]) (the instance id,
+    then the job each run on the box submitted through sbatch).
+  returned: when verb is scancel
+  type: list
 remote_command:
   description: For C(scancel), the argv the role runs on the login node.
   returned: when verb is scancel
@@ -304,10 +309,23 @@ def stop_none(module, p, api, record, extra, base, gate):
     return False
 
 
+def slurm_jobs(instance_id, box_runs):
+    """The Slurm jobs a scancel teardown ends: the instance id, then the job each run on the box submitted through
+    sbatch (.rgt/slurm.json; a job still queued or running would go on billing the allocation), each once."""
+    ids = [instance_id] + [run.get("slurm_job_id") for box in box_runs or [] if isinstance(box, dict)
+                           for run in box.get("runs") or [] if isinstance(run, dict)]
+    out = []
+    for job_id in ids:
+        if job_id and str(job_id) not in [j["job_id"] for j in out]:
+            out.append({"job_id": str(job_id), "argv": ["scancel", str(job_id)]})
+    return out
+
+
 def stop_scancel(module, p, api, record, extra, base, gate):
-    """The role runs the command on the login node and watches the job end."""
+    """The role runs each command on the login node and watches each job end."""
     record.update(final_state="scancel requested on the login node", at=_now())
-    extra["remote_command"] = ["scancel", p["instance_id"]]
+    extra["remote_jobs"] = slurm_jobs(p["instance_id"], p["box_runs"])
+    extra["remote_command"] = extra["remote_jobs"][0]["argv"]
     return True
 
 

@@ -197,6 +197,49 @@ def test_a_job_that_never_ends_is_unknown_after_the_bound_and_never_cancelled_tw
     assert len(scancels(fake)) == 1
 
 
+class PerJob(Scontrol):
+    """Scripted scontrol answers per job id (the id is the last word of `scontrol show job -o ID`)."""
+
+    def __init__(self, by_id):
+        Scontrol.__init__(self, ["unknown"])
+        self.by_id = {k: list(v) for k, v in by_id.items()}
+
+    def __call__(self, argv):
+        if argv[0] != "scancel":
+            answers = self.by_id[argv[-1]]
+            self.answers = [answers.pop(0) if len(answers) > 1 else answers[0]]
+        return Scontrol.__call__(self, argv)
+
+
+def test_the_instance_and_every_runs_queued_job_are_cancelled_once_each_in_one_outcome():
+    jobs = [{"job_id": "login-1", "argv": ["scancel", "login-1"]}, {"job_id": "8", "argv": ["scancel", "8"]},
+            {"job_id": "9", "argv": ["scancel", "9"]}]
+    fake = PerJob({"login-1": ["unknown"], "8": ["PENDING", "CANCELLED"], "9": ["COMPLETED"]})
+    out = sl.cancel_jobs(jobs, 5, 1, run=fake, sleep=lambda s: None, clock=lambda: 0.0)
+    assert out["ok"] and out["final_state"] == "gone"  # one was cancelled now, the others needed nothing
+    assert scancels(fake) == [["scancel", "8"]]
+    assert [j["final_state"] for j in out["jobs"]] == ["already gone", "gone", "already gone"]
+    assert out["slurm_state"] == "login-1: unknown; 8: JobState=CANCELLED; 9: JobState=COMPLETED"
+    # one job alone keeps the one-job record
+    single = sl.cancel_jobs(jobs[2:], 5, 1, run=PerJob({"9": ["COMPLETED"]}), sleep=lambda s: None)
+    assert single["final_state"] == "already gone" and single["slurm_state"] == "JobState=COMPLETED"
+    # Slurm that cannot say for one job: that one is not cancelled, and the outcome says nothing was decided
+    down = PerJob({"login-1": ["unknown"], "8": ["down"], "9": ["RUNNING", "CANCELLED"]})
+    out = sl.cancel_jobs(jobs, 5, 1, look_tries=2, look_delay_s=0, run=down, sleep=lambda s: None)
+    assert out["final_state"] is None and out["ok"] is False and scancels(down) == [["scancel", "9"]]
+
+
+def test_the_teardown_cancels_the_instance_and_each_job_runs_on_the_box_submitted():
+    from ansible_collections.rgt.remote_gpu.plugins.modules.rgt_teardown import slurm_jobs
+
+    listing = {"runs": [{"run_id": "a", "slurm_job_id": "8"}, {"run_id": "b", "slurm_job_id": None},
+                        {"run_id": "c", "slurm_job_id": "8"}, {"run_id": "d", "slurm_job_id": "12"}]}
+    assert slurm_jobs("login-1", [listing, listing]) == [
+        {"job_id": "login-1", "argv": ["scancel", "login-1"]}, {"job_id": "8", "argv": ["scancel", "8"]},
+        {"job_id": "12", "argv": ["scancel", "12"]}]
+    assert slurm_jobs("5", []) == [{"job_id": "5", "argv": ["scancel", "5"]}]
+
+
 # ---------------------------------------------------------------- status: Slurm's view + the wrapper's records
 
 def test_durations_in_slurms_formats():
