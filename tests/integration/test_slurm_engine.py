@@ -206,8 +206,12 @@ def test_teardown_cancels_the_job_a_run_left_in_the_queue(login):
     need nothing. Runs last in this file: the requeued run is pulled and verified by then (the gate passes)."""
     pending = login.job_id("pending")
     assert squeue_names("pending") == [pending]
+    # a job past its limit is signalled, then killed after KillWait: until Slurm lets it go its wrapper is alive
+    # and the gate rightly refuses (a live run); the teardown comes after
+    wait_until(lambda: squeue_names("timeout") == [] and squeue_names("requeue") == [], 120,
+               "the ended jobs to leave the queue")
     rc, doc, err = login.rgt("teardown", "--confirm", "login-1", "--runs-dir", str(login.root / "runs"))
-    assert rc == 0, (doc, err[-3000:])
+    assert rc == 0, (json.dumps({h: d.get("reasons") for h, d in doc["hosts"].items()}), err[-2000:])
     assert squeue_names("pending") == []
     out = subprocess.run(["scontrol", "show", "job", "-o", pending], capture_output=True, text=True).stdout
     assert "JobState=CANCELLED" in out, out
