@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"resumed from {resume} at step={step}", flush=True)
 
-    loss = float("nan")
+    # resumed from the last step's checkpoint (stopped after its last checkpoint, before it exited): nothing is left
+    # to train, and the loss is the weights' own on the last batch, never an unset NaN
+    loss = sgd_step(w, batch(args.seed, max(0, step - 1), args.batch), args.lr)[1]
     while step < args.steps:
         w, loss = sgd_step(w, batch(args.seed, step, args.batch), args.lr)
         step += 1
