@@ -18,7 +18,7 @@ from referencing import Registry, Resource
 
 from rgt import jobspec, paths
 from rgt.errors import InputError
-from rgt.ledger import atomic_write_bytes
+from rgt.ledger import cache_path, cache_put
 from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
@@ -250,8 +250,7 @@ def _cache_file(key: tuple) -> Path:
 
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))
     digest = hashlib.sha256(json.dumps([key, ansible_version, env], default=str).encode()).hexdigest()[:32]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "rgt" / "inventory" / f"{digest}.json"
+    return cache_path("inventory", f"{digest}.json")
 
 
 def _parse_cached(inv: Path, limit: str | None, key: tuple) -> dict:
@@ -265,13 +264,7 @@ def _parse_cached(inv: Path, limit: str | None, key: tuple) -> dict:
     except (OSError, ValueError):
         pass
     data = _parse_inventory(inv, limit)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_bytes(path, json.dumps(data).encode(), mode=0o600)  # inventory vars: the user's eyes only
-        for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[CACHE_KEEP:]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass  # a cache that cannot be written costs the next process a parse, nothing else
+    cache_put(path, json.dumps(data).encode(), CACHE_KEEP, mode=0o600)  # inventory vars: the user's eyes only
     return data
 
 

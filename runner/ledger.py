@@ -49,6 +49,24 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     _layout.atomic_write(str(path), data, mode)
 
 
+def cache_path(kind: str, name: str) -> Path:
+    """`${XDG_CACHE_HOME:-~/.cache}/rgt/<kind>/<name>`: what this controller keeps between processes (parsed
+    inventories, the built zipapp); never state: losing it costs the next process the work again."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rgt" / kind / name
+
+
+def cache_put(path: Path, data: bytes, keep: int, mode: int = 0o644) -> None:
+    """Write a cache file atomically (its directory 0700) and keep the newest `keep` files of its kind. A cache that
+    cannot be written is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write_bytes(path, data, mode=mode)
+        for old in sorted(path.parent.glob("*" + path.suffix), key=lambda p: p.stat().st_mtime, reverse=True)[keep:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def atomic_write_json(path: Path, doc: Any) -> None:
     atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode())
 

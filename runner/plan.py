@@ -240,8 +240,10 @@ def sweep_plans(hosts: list, plans: dict) -> list[dict]:
                                  f"{name}", fix="give every host of one sweep the same rgt_job.sweep (or another "
                                  "rgt_job.name)", field="rgt_job.sweep")
         per_cell = int(job["sweep"].get("gpus_per_cell", 1))
-        at_once = {h.name: max(1, int(((h.vars["rgt_job"].get("gpu") or {}).get("count") or 1) // per_cell)
-                               if per_cell else 1) for h in members}
+        at_once = {}
+        for h in members:
+            gpus = int((h.vars["rgt_job"].get("gpu") or {}).get("count") or 1)
+            at_once[h.name] = max(1, gpus // per_cell) if per_cell else 1
         cells = sweep.cells(job)
         placement = sweep.place([c["id"] for c in cells], [h.name for h in members], at_once)
         roster = sweep.roster(name, cells, placement)

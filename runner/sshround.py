@@ -35,12 +35,13 @@ from pathlib import Path
 from rgt import paths
 from rgt.events import HOST_KEY_PATTERNS
 from rgt.inventory import Host, known_hosts_file
-from rgt.ledger import atomic_write_bytes
+from rgt.ledger import cache_path, cache_put
 
 MISSING_RC = 97  # the cached zipapp is not on the box (yet): ship it, then call again
 SSH_FAILED_RC = 255
 ANSWER_TIMEOUT_S = 90  # connect, plus the status collectors' own bounded calls (nvidia-smi 10 s, df, tmux)
 MAX_PARALLEL = 64
+ZIPAPP_KEEP = 8  # built zipapps kept on the controller, newest first
 PACKAGE = "ansible_collections/rgt/remote_gpu/plugins/module_utils"
 ENTRY_UTILS = ("rgt_statusdoc", "rgt_logread")
 MAIN = '''\
@@ -158,8 +159,7 @@ def _bundle_cache(utils_dir: Path) -> Path:
     parses them all, a fifth of a second that every `rgt-run status` would pay again)."""
     stamp = "\0".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(utils_dir.glob("*.py")))
     key = hashlib.sha256(f"{utils_dir}\0{stamp}\0{MAIN}".encode()).hexdigest()[:24]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "rgt" / "zipapp" / f"{key}.pyz"
+    return cache_path("zipapp", f"{key}.pyz")
 
 
 def _load_bundle(utils_dir: Path) -> tuple[str, bytes]:
@@ -170,13 +170,7 @@ def _load_bundle(utils_dir: Path) -> tuple[str, bytes]:
     except OSError:
         pass
     digest, data = build_zipapp(bundle_files(utils_dir))
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_bytes(cache, data)
-        for old in sorted(cache.parent.glob("*.pyz"), key=lambda p: p.stat().st_mtime, reverse=True)[8:]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass  # not cached: the next process builds it again
+    cache_put(cache, data, ZIPAPP_KEEP)
     return digest, data
 
 

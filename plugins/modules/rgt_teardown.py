@@ -186,10 +186,6 @@ remote_jobs:
     then the job each run on the box submitted through sbatch).
   returned: when verb is scancel
   type: list
-remote_command:
-  description: For C(scancel), the argv the role runs on the login node.
-  returned: when verb is scancel
-  type: list
 rc_hint:
   description: 3 when the gate refused (the runner's exit code).
   returned: on refusal
@@ -268,7 +264,7 @@ def _now():
 
 
 # One function per meter-stop verb of rgt_registry (``stop_<impl>``): each fills the record (final_state, calls),
-# may add to `extra` (warnings, remote_command) and returns whether it changed anything.
+# may add to `extra` (warnings, remote_jobs) and returns whether it changed anything.
 
 def stop_api(module, p, api, record, extra, base, gate):
     """A control-plane client (rgt_cloud): look, call once, poll until gone."""
@@ -325,7 +321,6 @@ def stop_scancel(module, p, api, record, extra, base, gate):
     """The role runs each command on the login node and watches each job end."""
     record.update(final_state="scancel requested on the login node", at=_now())
     extra["remote_jobs"] = slurm_jobs(p["instance_id"], p["box_runs"])
-    extra["remote_command"] = extra["remote_jobs"][0]["argv"]
     return True
 
 

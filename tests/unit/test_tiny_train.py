@@ -1,5 +1,6 @@
 """tiny_train is the job every lifecycle test runs: its resume contract must hold exactly."""
 
+import json
 import os
 import subprocess
 import sys
@@ -42,25 +43,13 @@ def test_nan_at_step_stops_with_nonzero_exit(tmp_path):
     assert "step=7 loss=nan" in proc.stdout
 
 
+
 def test_a_run_resumed_from_its_last_checkpoint_finishes_with_a_finite_loss_and_the_same_weights(tmp_path):
     # a stop between the last checkpoint and the exit (a requeue on a slow cluster) resumes with nothing left
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    train = Path(__file__).resolve().parents[2] / "examples" / "tiny_train" / "train.py"
-
-    def run(out, resume=""):
-        env = {**os.environ, "RGT_CKPT_DIR": str(tmp_path / "ckpt"), "RGT_OUT_DIR": str(tmp_path / out),
-               "RGT_RESUME_FROM": resume, "RGT_PREEMPT_FILE": ""}
-        return subprocess.run([sys.executable, str(train), "--steps", "20", "--ckpt-every", "10"], env=env,
-                              capture_output=True, text=True, check=True, cwd=tmp_path)
-
-    run("first")
+    assert run(tmp_path).returncode == 0
+    weights = (tmp_path / "out" / "weights.bin").read_bytes()
     last = sorted((tmp_path / "ckpt").glob("step_*.ckpt"))[-1]
-    proc = run("again", str(last))
-    assert "loss=nan" not in proc.stdout and "done step=20 loss=" in proc.stdout, proc.stdout
-    assert (tmp_path / "again" / "weights.bin").read_bytes() == (tmp_path / "first" / "weights.bin").read_bytes()
-    assert json.loads((tmp_path / "again" / "metrics.json").read_text())["steps"] == 20
+    proc = run(tmp_path, resume=str(last))
+    assert "loss=nan" not in proc.stdout and "done step=50 loss=" in proc.stdout, proc.stdout
+    assert (tmp_path / "out" / "weights.bin").read_bytes() == weights
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["steps"] == 50
