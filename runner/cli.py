@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from rgt import errors, jobspec, k8s, memory, paths, profiles
+from rgt import errors, jobspec, k8s, memory, paths, profiles, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
@@ -231,7 +231,7 @@ it again while the run is live changes nothing and says so. Follow it with `rgt-
 
 def commands() -> dict[str, Command]:
     """The dispatch table, in the order `rgt-run` lists it."""
-    from rgt import init, lifecycle, logs, pin, pull, runreport, runs, status, teardown
+    from rgt import init, lifecycle, logs, pin, pull, retry, runreport, runs, status, teardown
 
     table = [
         Command("init", init.HELP, init.__doc__ or init.HELP, init.run, OUTPUT_ONLY, init.add_arguments),
@@ -249,6 +249,7 @@ def commands() -> dict[str, Command]:
         Command("watch", status.WATCH_HELP, status.WATCH_DESCRIPTION, status.cmd_watch, ALL_SHARED,
                 status.add_watch_arguments),
         Command("logs", logs.HELP, logs.DESCRIPTION, logs.cmd_logs, ALL_SHARED, logs.add_arguments),
+        Command("retry", retry.HELP, retry.DESCRIPTION, retry.cmd_retry, ALL_SHARED, retry.add_arguments),
         Command("pull", pull.HELP, pull.DESCRIPTION, pull.cmd_pull, ALL_SHARED, pull.add_arguments),
         Command("teardown", teardown.HELP, teardown.DESCRIPTION, teardown.cmd_teardown, ALL_SHARED,
                 teardown.add_arguments),
@@ -564,12 +565,9 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
     except FileNotFoundError:
         raise _unknown_command(args.playbook) from None
     hosts = load_hosts(args.inventory, args.limit, extravars)
-    sweeping = sorted(h.name for h in hosts
-                      if isinstance(h.vars.get("rgt_job"), dict) and h.vars["rgt_job"].get("sweep"))
-    if sweeping and not plan:
-        raise InputError(f"the job spec declares a sweep (hosts {', '.join(sweeping)}): running a sweep is not built "
-                         "yet", fix="see its cells and where each would run with `rgt-run train -C`; run one cell "
-                         "as a job of its own (its params in args) meanwhile", field="rgt_job.sweep")
+    ledger = ledger_dir(getattr(args, "ledger", None))
+    swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
+                           recalling=playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars)
     # a detach primitive not built yet: refused before any box
     profiles.check_launch(playbook.stem, [h for h in hosts if not (plan and k8s.is_k8s(h.profile))])
     # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
@@ -580,7 +578,7 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
                          fix="set rgt_job.smoke_command to one or two batches of the training command on CPU "
                              "(e.g. `python train.py --steps 2`)", field="rgt_job.smoke_command")
     if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
-        memory.recall(ledger_dir(getattr(args, "ledger", None)), hosts)
+        memory.recall(ledger, hosts)
     # an inventory's job: its relative paths follow the inventory file that wrote it (the roles read this)
     extravars["rgt_job_base_dirs"] = {h.name: str(h.job_base) for h in hosts if h.job_base}
     if playbook.stem in SECRET_PLAYBOOKS:
@@ -593,6 +591,9 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
                                  "rgt_job.secrets", field="rgt_job.secrets")
     if pins:
         check_pins(args.inventory, ssh_hosts)
+    if playbook.stem == "train" and not plan and not getattr(args, "check", False):
+        for item in swept:  # the roster is kept before the play: a cell keeps its host from here on
+            sweeps.record(ledger, item)
     return playbook, hosts, extravars
 
 

@@ -35,6 +35,8 @@ class Host:
     job_base: Path | None = None  # where a relative rgt_job.code_dir/data_dir of the inventory's job resolves
     recalled: dict | None = None  # the run remembered in the ledger (rgt.memory), when no job spec was given
     other_runs: list[str] = field(default_factory=list)  # older remembered runs of the host (status shows them)
+    overlay: dict = field(default_factory=dict)  # more host vars from the runner (a sweep's share: rgt_sweep)
+    sweep: str | None = None  # the sweep whose cells this host's runs are (rgt.sweeps.expand)
 
     @property
     def instance_id(self) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rgt import jobspec
 from rgt.ledger import atomic_write_json, read_json
+from rgt.sweeps import cell_job
 
 # the plays that look at or collect a run already launched: a host without a job spec gets its remembered one
 RECALLING_PLAYBOOKS = ("monitor", "collect", "teardown", "launch_detached")
@@ -80,6 +81,16 @@ def remember_launches(ledger: Path, hosts: list, result) -> None:
         if not isinstance(report, dict) or not report.get("state") or not isinstance(job, dict):
             continue
         job = jobspec.resolve_paths(job, host.job_base or Path.cwd())
+        share = host.overlay.get("rgt_sweep")
+        if share and isinstance(report.get("cells"), list):  # a sweep: each cell is a run of its own
+            by_id = {c["id"]: c for c in share["cells"]}
+            for cell in report["cells"]:
+                if cell.get("run_id") in by_id:
+                    record_launch(ledger, host.name, str(host.instance_id), project_of(host),
+                                  cell_job(job, by_id[cell["run_id"]]),
+                                  {**report, "attempt": cell.get("attempt"), "state": cell.get("state"),
+                                   "session": None})
+            continue
         record_launch(ledger, host.name, str(host.instance_id), project_of(host), job, report)
 
 

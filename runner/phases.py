@@ -67,6 +67,7 @@ def _overlay_vars(host: Host) -> dict:
     out = {"rgt_profile_data": host.profile}
     if host.recalled:
         out.update(rgt_job=host.recalled["job"], monitor_other_run_ids=host.other_runs)
+    out.update(host.overlay)
     return out
 
 

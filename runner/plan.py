@@ -105,6 +105,9 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
     except ValueError as exc:
         raise InputError(f"host '{host.name}': {exc}", fix="set rgt_job.run_id (or name) and rgt_project to plain "
                          "names", field="rgt_job.run_id") from exc
+    # a sweep's code and data go once per box to its own dir (roles/upload_resume: upload_resume_dir); each cell
+    # is a run of its own under active/ (sweep_plans)
+    home = f"{layout_paths.project_dir}/sweeps/{run_id}" if job.get("sweep") else layout_paths.run_dir
     code_src = job.get("code_dir")
     local = jobspec.resolve_paths(job, Path(base) if base else Path.cwd())  # relative paths follow their file
     if not code_src:
@@ -120,7 +123,7 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
         if job.get("data_dir"):
             data_local = Path(local["data_dir"])
             manifest = tree.build_manifest(str(data_local))
-            data = {"src": manifest["src"], "dir": layout_paths.data, "files": manifest["files"],
+            data = {"src": manifest["src"], "dir": f"{home}/data", "files": manifest["files"],
                     "bytes": manifest["bytes"]}
     except tree.TreeError as exc:
         raise RgtError(f"host '{host.name}': cannot read the code or data tree: {exc}",
@@ -137,8 +140,8 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
         manifests = k8s.manifests_for(host.name, host.profile, job, layout_paths, scratch and str(scratch))
     return {
         "host": host.name, "profile": host.profile["name"], "instance_id": host.instance_id,
-        "run_id": run_id, "project": project, "durable_root": str(root), "run_dir": layout_paths.run_dir,
-        "hash8": code["hash8"], "code_dir": layout_paths.code_dir(code["hash8"]), "code_src": code["src"],
+        "run_id": run_id, "project": project, "durable_root": str(root), "run_dir": home,
+        "hash8": code["hash8"], "code_dir": f"{home}/code-{code['hash8']}", "code_src": code["src"],
         "files": code["files"], "bytes": code["bytes"], "ignored": code["ignored_count"],
         "skipped": code["skipped"], "crlf_scripts": code["crlf_scripts"], "refused": refusal, "data": data,
         "command": job.get("command"), "python": job.get("python"), "smoke_command": None if values.get(
@@ -147,7 +150,7 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
         "disk_floor_gib": DEFAULT_DISK_FLOOR_GIB if floor is None else floor,
         "price_per_hour": price, "expected_duration_s": duration,
         "expected_cost": round(price * duration / 3600.0, 4) if price is not None and duration is not None else None,
-        "k8s": manifests,
+        "k8s": manifests, "sweep": bool(job.get("sweep")),
     }
 
 
@@ -186,7 +189,9 @@ def render_plan(console: Console, item: dict) -> None:
                                         f"{item['k8s']['secret_name']}, by reference)"))
     elif item["secrets"]:
         table.add_row("secrets", escape(", ".join(item["secrets"]) + " (read from this shell, never stored)"))
-    table.add_row("run dir", escape(f"{item['run_dir']} (on the box)"))
+    table.add_row("sweep dir" if item.get("sweep") else "run dir", escape(
+        f"{item['run_dir']} (on the box" + ("; code and data once per box, each cell a run under active/)"
+                                           if item.get("sweep") else ")")))
     table.add_row("code dir", escape(item["code_dir"]))
     table.add_row("disk floor", f"{item['disk_floor_gib']:g} GiB free on {escape(item['durable_root'])} at launch")
     if item["price_per_hour"] is None:
@@ -221,37 +226,16 @@ def render_manifests(console: Console, manifests: dict) -> None:
                       "the manifests yourself, or see docs/kubernetes.md")
 
 
-def sweep_plans(hosts: list, plans: dict) -> list[dict]:
-    """The cells of each sweep and the host each goes to (module_util rgt_sweep): hosts whose job declares the
-    same sweep (project and name) share its cells, each weighted by the cells it runs at once (gpu.count //
-    gpus_per_cell, at least 1)."""
-    sweep = paths.module_util("rgt_sweep")
-    groups: dict[tuple, list] = {}
-    for host in hosts:
-        job = host.vars.get("rgt_job") or {}
-        if job.get("sweep"):
-            groups.setdefault((plans[host.name]["project"], plans[host.name]["run_id"]), []).append(host)
+def sweep_plans(hosts: list, plans: dict, ledger: Path | None) -> list[dict]:
+    """The cells of each sweep and the host each goes to (rgt.sweeps.plan: the roster a real train keeps, a cell
+    already in the ledger's roster on its host), with each cell's run dir."""
+    from rgt import sweeps
+
     out = []
-    for (project, name), members in groups.items():
-        job = members[0].vars["rgt_job"]
-        for other in members[1:]:
-            if other.vars["rgt_job"].get("sweep") != job["sweep"]:
-                raise InputError(f"hosts '{members[0].name}' and '{other.name}' declare different sweeps named "
-                                 f"{name}", fix="give every host of one sweep the same rgt_job.sweep (or another "
-                                 "rgt_job.name)", field="rgt_job.sweep")
-        per_cell = int(job["sweep"].get("gpus_per_cell", 1))
-        at_once = {}
-        for h in members:
-            gpus = int((h.vars["rgt_job"].get("gpu") or {}).get("count") or 1)
-            at_once[h.name] = max(1, gpus // per_cell) if per_cell else 1
-        cells = sweep.cells(job)
-        placement = sweep.place([c["id"] for c in cells], [h.name for h in members], at_once)
-        roster = sweep.roster(name, cells, placement)
-        for cell in roster["cells"]:
-            cell["command"] = sweep.cell_command(job.get("command") or "", cell)
-            cell["run_dir"] = str(Path(plans[cell["host"]]["durable_root"]) / project / "active" / cell["id"])
-        out.append({"sweep": name, "project": project, "gpus_per_cell": per_cell, "at_once": at_once,
-                    "roster": roster})
+    for item in sweeps.plan(hosts, ledger):
+        for cell in item["roster"]["cells"]:
+            cell["run_dir"] = str(Path(plans[cell["host"]]["durable_root"]) / item["project"] / "active" / cell["id"])
+        out.append({k: v for k, v in item.items() if k != "job"})
     return out
 
 
@@ -266,9 +250,9 @@ def render_sweep(console: Console, item: dict) -> None:
         table.add_row(escape(cell["id"]), escape(cell["host"]), escape(cell["args"]),
                       escape(" ".join(f"{k}={v}" for k, v in cell["env"].items())))
     console.print(table)
-    console.print("  " + "; ".join(f"{escape(h)}: {len(ids)} cells, {item['at_once'][h]} at once"
+    console.print("  " + "; ".join(f"{escape(h)}: {len(ids)} cells, {item['at_once'][h]} at once (slots "
+                                   f"{escape(' '.join(repr(s) for s in item['slots'][h]))})"
                                    for h, ids in item["roster"]["hosts"].items()))
-    console.print("  [yellow]running a sweep is not built yet:[/yellow] `rgt-run train` without -C refuses it")
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -283,7 +267,9 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     plans = {h.name: host_plan(h, values[h.name], bases.get(h.name), tree, layout) for h in hosts}
     console.print(f"[bold]rgt[/bold] plan for train on {len(hosts)} host(s) (-C: computed here, no box contacted, "
                   "nothing changed)")
-    sweeps = sweep_plans(hosts, plans)
+    from rgt.ledger import ledger_dir
+
+    sweeps = sweep_plans(hosts, plans, ledger_dir(getattr(args, "ledger", None)))
     for item in plans.values():
         render_plan(console, item)
     for item in sweeps:

@@ -14,6 +14,8 @@ import sys
 
 from rich.console import Console
 
+from rgt import errors
+
 HELP = "seal each finished run, pull its results here and verify every file's SHA-256"
 DESCRIPTION = """\
 Seal each box's finished run, copy its results into your runs directory (./runs/<run>/<host>/ by default) and
@@ -65,6 +67,33 @@ def host_line(name: str, doc: dict) -> str:
     return f"{name}: NOT verified: {what_failed(doc)}"
 
 
+def host_doc(name: str, outcome) -> dict:
+    """One host's (or one cell's) pull: its collect report, or why there is none."""
+    if outcome is None:
+        return {"host": name, "verified": False, "error": "the collect play returned nothing for this host"}
+    if outcome.unreachable:
+        return {"host": name, "verified": False, "unreachable": True,
+                "error": (outcome.messages or ["unreachable"])[-1][:600]}
+    doc = dict(outcome.results.get("collect_report") or {"host": name, "verified": False})
+    if outcome.failed and not doc.get("error"):
+        doc["error"] = (outcome.messages or ["failed"])[-1][:600]
+    doc["verified"] = bool(doc.get("verified")) and not outcome.failed
+    return doc
+
+
+def rounds(hosts: list) -> list[list]:
+    """The collect plays of a pull: every host in the first; a sweep host once per cell (its k-th cell in the
+    k-th play)."""
+    most = max([len(h.recalled["cells"]) for h in hosts if h.sweep] or [1])
+    return [[h for h in hosts if (h.sweep and k < len(h.recalled["cells"])) or (not h.sweep and k == 0)]
+            for k in range(most)]
+
+
+def _severity(code: int) -> int:
+    """Which exit code of several plays the pull reports (the order of the exit codes above)."""
+    return {errors.OK: 0, errors.UNREACHABLE: 1, errors.FAILED: 2, errors.REFUSED: 3, errors.BAD_INPUT: 4}.get(code, 2)
+
+
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import prepare
     from rgt.ledger import ledger_dir, runs_dir
@@ -78,26 +107,37 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     console.print(f"[bold]rgt pull[/bold] {'(verify only) ' if args.verify_only else ''}on {len(hosts)} host(s) "
                   f"into {root}")
-    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
-                          limit=args.limit, quiet=not args.verbose, verbosity=args.verbose or 0)
     docs: dict[str, dict] = {}
-    for host in hosts:
-        outcome = result.hosts.get(host.name)
-        if outcome is None:
-            doc = {"host": host.name, "verified": False, "error": "the collect play returned nothing for this host"}
-        elif outcome.unreachable:
-            doc = {"host": host.name, "verified": False, "unreachable": True,
-                   "error": (outcome.messages or ["unreachable"])[-1][:600]}
-        else:
-            doc = dict(outcome.results.get("collect_report") or {"host": host.name, "verified": False})
-            if outcome.failed and not doc.get("error"):
-                doc["error"] = (outcome.messages or ["failed"])[-1][:600]
-            doc["verified"] = bool(doc.get("verified")) and not outcome.failed
-        docs[host.name] = doc
-        style = "green" if doc["verified"] else "red"
-        console.print(f"[{style}]{host_line(host.name, doc)}[/]")
-    code = result.exit_code
-    verified = [h for h in hosts if docs[h.name]["verified"]]
+    results = []
+    by_name = {h.name: h for h in hosts}
+    for index, members in enumerate(rounds(hosts)):  # a sweep host pulls one cell per round: collect is per run
+        for host in members:
+            if host.sweep:
+                host.recalled = {**host.recalled, "job": host.recalled["cells"][index]}
+        result = run_playbook(playbook, args.inventory, members, ledger=ledger, console=console,
+                              extravars=extravars, limit=",".join(h.name for h in members) if index else args.limit,
+                              quiet=not args.verbose, verbosity=args.verbose or 0)
+        results.append(result)
+        for host in members:
+            doc = host_doc(host.name, result.hosts.get(host.name))
+            if host.sweep:
+                cell = host.recalled["job"]["run_id"]
+                entry = docs.setdefault(host.name, {"host": host.name, "sweep": host.sweep, "cells": {}})
+                entry["cells"][cell] = doc
+                console.print(f"[{'green' if doc['verified'] else 'red'}]"
+                              f"{host_line(f'{host.name}:{cell}', doc)}[/]")
+            else:
+                docs[host.name] = doc
+                console.print(f"[{'green' if doc['verified'] else 'red'}]{host_line(host.name, doc)}[/]")
+    for name, entry in docs.items():
+        if by_name[name].sweep:
+            cells = entry["cells"].values()
+            entry.update(verified=all(c["verified"] for c in cells), files=sum(c.get("files") or 0 for c in cells),
+                         bytes=sum(c.get("bytes") or 0 for c in cells),
+                         unverified=sorted(k for k, c in entry["cells"].items() if not c["verified"]))
+    result = results[0]
+    code = max((r.exit_code for r in results), key=_severity)
+    verified = [h for h in hosts if docs[h.name]["verified"] and not h.sweep]
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
         from rgt import runreport
 

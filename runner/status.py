@@ -95,14 +95,15 @@ def every_run(docs: dict[str, dict]) -> list[dict]:
     return [run for doc in docs.values() for run in (doc, *(doc.get("other_runs") or []))]
 
 
-def exit_code(docs: dict[str, dict]) -> int:
-    """Exit codes for status/watch over every run seen; host identity first, then attention, job, transport."""
+def exit_code(docs: dict[str, dict], tallies: list[dict] = ()) -> int:
+    """Exit codes for status/watch over every run seen; host identity first, then attention, job, transport. A
+    sweep cell seen on two hosts is attention; one missing from its host is a failure."""
     values = every_run(docs)
     if any(d.get("host_key_mismatch") for d in values):
         return errors.REFUSED
-    if any(d.get("attention") for d in values):
+    if any(d.get("attention") for d in values) or any(t["counts"].get("duplicate") for t in tallies):
         return errors.ATTENTION
-    if any(d.get("state") in FAILED_STATES for d in values):
+    if any(d.get("state") in FAILED_STATES for d in values) or any(t["counts"].get("missing") for t in tallies):
         return errors.FAILED
     if any(d.get("state") == "unreachable" for d in values):
         return errors.UNREACHABLE
@@ -267,11 +268,11 @@ def emit(doc: dict, as_json: bool) -> None:
 
 # ---------------------------------------------------------------- status
 
-def _prepare(args: argparse.Namespace):
+def _prepare(args: argparse.Namespace, playbook: str = "monitor"):
     from rgt.cli import prepare
 
     ns = argparse.Namespace(**vars(args))
-    ns.playbook = "monitor"
+    ns.playbook = playbook
     _playbook, hosts, extravars = prepare(ns)
     return hosts, extravars
 
@@ -281,10 +282,25 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     docs = poll(args, console, hosts, extravars, ledger)
     render_table(console, docs)
-    code = exit_code(docs)
+    tallies = sweep_tallies(console, ledger, hosts, docs)
+    code = exit_code(docs, tallies)
     console.print(f"exit {code} · ledger {ledger / 'status'}")
-    emit({"command": "status", "hosts": docs, "exit_code": code}, args.json)
+    emit({"command": "status", "hosts": docs, "sweeps": tallies, "exit_code": code}, args.json)
     return code
+
+
+def sweep_tallies(console: Console, ledger: Path, hosts: list, docs: dict[str, dict]) -> list[dict]:
+    """Each sweep with cells on these hosts, reconciled against its roster (rgt.sweeps.tally), one line each."""
+    from rgt import sweeps
+
+    out = sweeps.tallies(ledger, hosts, every_run(docs))
+    for t in out:
+        style = "green" if t["done"] else "red" if {"failed", "missing", "duplicate"} & set(t["counts"]) else "cyan"
+        console.print(f"[{style}]{escape(sweeps.tally_line(t))}[/]")
+        if len(t["hosts"]) > 1:
+            console.print("  " + "; ".join(f"{escape(h)}: " + ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
+                                           for h, c in sorted(t["hosts"].items())))
+    return out
 
 
 # ---------------------------------------------------------------- watch
@@ -348,13 +364,26 @@ def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, ex
     if not playbook.is_file():
         console.print(f"[red]cannot relaunch[/red] {', '.join(hosts)}: {playbook} does not exist")
         return errors.FAILED
-    if host_objs is None or extravars is None:
-        all_hosts, extravars = _prepare(args)
+    swept = any(getattr(h, "sweep", None) for h in host_objs or [])
+    if host_objs is None or extravars is None or swept:
+        # a sweep host relaunches through its sweep's queue: its share (rgt_sweep) comes with a launch's prepare
+        all_hosts, extravars = _prepare(args, "launch_detached" if swept else "monitor")
         host_objs = [h for h in all_hosts if h.name in hosts]
     evars = {**(extravars or {}), "launch_detached_use_new_code": False}
     result = run_playbook(playbook, args.inventory, host_objs, ledger=ledger, console=console, extravars=evars,
                           limit=",".join(hosts), quiet=True, verbosity=args.verbose or 0)
     return result.exit_code
+
+
+def resume_key(name: str, doc: dict, sweep: bool) -> tuple | None:
+    """What a relaunch of this host would resume, once (None: nothing): its run when preempted with auto_resume
+    and no attention; for a sweep host, every such cell (its queue resumes them all in one launch)."""
+    runs = (doc, *(doc.get("other_runs") or [])) if sweep else (doc,)
+    due = [r for r in runs if r.get("state") == "preempted" and r.get("auto_resume") and not r.get("attention")]
+    if not due:
+        return None
+    return (name, tuple(sorted((str(r.get("run_id")), r.get("attempt")) for r in due))) if sweep \
+        else (name, doc.get("attempt"))
 
 
 def _monotonic() -> float:  # seams for tests: a fake clock drives the scheduler
@@ -396,18 +425,20 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         docs = poll(args, console, [by_name[n] for n in due], extravars, ledger)
         mono, now = _monotonic(), time.time()
         to_resume = []
+        keys: dict[str, tuple] = {}
         for name in due:
             doc = docs[name]
             latest[name] = doc
             delay = schedule.update(name, doc.get("state") != "unreachable", mono)
-            resumable = (doc.get("state") == "preempted" and doc.get("auto_resume") and not doc.get("attention")
-                         and (name, doc.get("attempt")) not in relaunched)
+            key = resume_key(name, doc, bool(getattr(by_name[name], "sweep", None)))
+            resumable = key is not None and key not in relaunched
             note = f"next try in {delay:.0f} s" if doc.get("state") == "unreachable" else ""
             console.print(tick_line(name, doc, now, note), highlight=False)
             for other in doc.get("other_runs") or []:
                 console.print(tick_line(f"{name}:{other.get('run_id')}", other, now), highlight=False)
             if resumable:
                 to_resume.append(name)
+                keys[name] = key
             elif is_terminal(doc):
                 schedule.done.add(name)
             elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
@@ -420,7 +451,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             for name in to_resume:
                 entry = {"t": time.time(), "event": "relaunch", "host": name, "attempt": latest[name].get("attempt"),
                          "reason": "preempted", "auto_resume": True, "exit_code": rc}
-                relaunched.add((name, latest[name].get("attempt")))
+                relaunched.add(keys[name])
                 relaunches.append(entry)
                 append_jsonl(events, entry)
                 if rc != errors.OK:
@@ -436,6 +467,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             if item.get("error"):
                 console.print(f"  [magenta]{item['host']}[/magenta]: {item['error']}")
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
+    tallies = sweep_tallies(console, ledger, hosts, latest) if latest else []
+    code = exit_code(latest, tallies) if latest else code
     summary = _watch_summary(latest)
     if summary:
         console.print(summary, highlight=False, markup=False)
@@ -446,7 +479,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             console.print(f"notify: not flushed ({type(exc).__name__}: {exc})", highlight=False, markup=False)
     console.print(f"watch stopped after {ticks} tick(s): {reason}; exit {code}")
     emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
-          "summary": summary, "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
+          "summary": summary, "sweeps": tallies, "stopped": "settled" if not schedule.active() else "max_ticks"},
+         args.json)
     return code
 
 

@@ -10,7 +10,8 @@ manifest rules come in as the `rgt_manifest` module itself (`manifest_lib`, for 
 and `describe_problems`), so the runner's by-path loading and Ansible's module packaging use the same code.
 
 For one instance (every inventory host that carries its id, one listing per host that looked at the box):
-- a live run refuses (named with project/run_id and attempt);
+- a live run refuses (named with project/run_id and attempt), and so does a sweep cell its sweep's live queue
+  will still start (state queued);
 - a finished run, or any run with a sealed export or a manifest, refuses unless its pull is verified: the marker
   `<runs>/<run_id>/<host>.PULL_VERIFIED.json` (host = the manifest's `host`, one of the instance's inventory
   hosts) binds this run, this instance and the SHA-256 of the manifest now on the box, and the local copy
@@ -188,6 +189,10 @@ def judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib):
     name = _run_name(run)
     if state == "live":
         row.update(pull="-", blocks=True, reason="run %s is running (attempt %s)" % (name, run.get("attempt") or "?"))
+        return row
+    if state == "queued":
+        row.update(pull="-", blocks=True, reason="run %s is queued: its sweep's queue on the box will start it"
+                   % name)
         return row
     if not row["sealed"] and not row["manifest"]:
         if state == "finished":

@@ -276,10 +276,26 @@ def reconcile(facts):
     ({relpath: bool}), mounts ([{path, bytes_pct, inodes_pct}]), cgroup ({mem_limit_bytes, mem_usage_bytes,
     oom_kill}), oom_kill_baseline, gpu_samples ([{index, util_pct, mem_used_mib, mem_total_mib}], recent rows),
     now (epoch seconds), warnings (list of strings collected while reading), slurm (rgt_slurm.observe's view, or
-    None for a run not submitted through Slurm).
+    None for a run not submitted through Slurm), queue (rgt_runlayout.sweep_queue's view, or None for a run that
+    is no sweep cell).
     """
     doc = _reconcile(facts)
+    doc = with_queue(doc, facts.get("queue"))
     return with_slurm(doc, facts.get("slurm"), facts.get("job"))
+
+
+def with_queue(doc, queue):
+    """A sweep cell: `sweep` names its sweep; a cell its sweep's live queue will still start (never ran, or
+    preempted or dead and due again) is `queued`, waiting for a free slot, not not_started or preempted. doc
+    unchanged for a run that is no cell."""
+    if not queue:
+        return doc
+    doc["sweep"] = queue.get("sweep")
+    if queue.get("alive") and doc.get("run_id") in (queue.get("pending") or []) \
+            and doc["state"] in ("not_started", "preempted", "dead", "failed"):
+        doc["state"] = "queued"
+        doc["queue_reason"] = "waiting for a free slot in the queue of sweep %s" % queue.get("sweep")
+    return doc
 
 
 def _reconcile(facts):

@@ -38,13 +38,14 @@ class Entry(object):
     runs_on: where it acts (box, login node, controller). binaries: programs it needs there, on PATH.
     env: environment variables it needs on the controller (a ``<field>`` names the profile field that holds the
     name). profile_fields / job_fields: what it reads from the profile / the job spec. instead: what to use while
-    it is not built. client_class: for an API verb, its client class in rgt_cloud."""
+    it is not built. client_class: for an API verb, its client class in rgt_cloud. sweeps: a detach primitive
+    that runs a sweep's queue on the box (rgt_launch ``launch_queue``)."""
 
     __slots__ = ("name", "what", "built", "impl", "runs_on", "binaries", "env", "profile_fields", "job_fields",
-                 "instead", "client_class")
+                 "instead", "client_class", "sweeps")
 
     def __init__(self, name, what, built, impl=None, runs_on="box", binaries=(), env=(), profile_fields=(),
-                 job_fields=(), instead=None, client_class=None):
+                 job_fields=(), instead=None, client_class=None, sweeps=False):
         self.name = name
         self.what = what
         self.built = built
@@ -56,6 +57,7 @@ class Entry(object):
         self.job_fields = tuple(job_fields)
         self.instead = instead
         self.client_class = client_class
+        self.sweeps = sweeps
 
     def as_dict(self):
         return dict((key, list(v) if isinstance(v, tuple) else v)
@@ -80,9 +82,9 @@ _API_ENV = ("<meter_stop.api.key_env>",)
 
 DETACH_PRIMITIVES = (
     Entry("tmux", "a tmux session on the box, named after the run (rgt-<project>/<run_id>)", True, impl="tmux",
-          binaries=("tmux",)),
+          binaries=("tmux",), sweeps=True),
     Entry("nohup", "a new session (setsid, stdin /dev/null, output to logs/wrapper.log): no hangup reaches it",
-          True, impl="nohup"),
+          True, impl="nohup", sweeps=True),
     Entry("sbatch", "a Slurm batch job submitted from the login node; the wrapper runs inside the allocation",
           True, impl="sbatch", runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
           profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",)),
@@ -123,6 +125,12 @@ METER_ACTIONS = ("power_off", "stop", "terminate", "destroy", "delete", "release
 
 AUTO = "auto"  # rgt_launch's own shorthand for the usual pair below
 AUTO_MEANS = ("tmux", "nohup")  # (primitive, fallback)
+
+
+def runs_sweeps(primitive):
+    """Whether a profile's detach primitive (or auto) runs a sweep's queue on the box."""
+    entry = detach(AUTO_MEANS[0] if primitive == AUTO else primitive)
+    return bool(entry is not None and entry.sweeps)
 
 
 def _find(entries, name):

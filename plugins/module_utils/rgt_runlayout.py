@@ -365,6 +365,19 @@ RUN_LAYOUT_ARGS = dict(
 )
 
 
+def sweep_queue(paths):
+    """A sweep cell's queue as the box shows it: {sweep, sweep_dir, alive (the queue holds its flock), pending
+    (cells it will still start), running}, or None for a run that is no sweep cell (no .rgt/sweep.json)."""
+    marker = read_json(os.path.join(paths.meta, "sweep.json"))
+    if not isinstance(marker, dict) or not marker.get("sweep_dir"):
+        return None
+    meta = os.path.join(marker["sweep_dir"], ".rgt")
+    alive = lock_held(os.path.join(meta, "queue.lock"))
+    seen = (read_json(os.path.join(meta, "queue-state.json")) or {}) if alive else {}
+    return {"sweep": marker.get("sweep"), "sweep_dir": marker["sweep_dir"], "alive": alive,
+            "pending": list(seen.get("pending") or []), "running": list(seen.get("running") or [])}
+
+
 def last_end(records, exit_doc):
     """The end record of a run's last attempt: exit.json when it is that attempt's (or newer), else that attempt's
     last end line in attempts.jsonl, else None (never started, or started and vanished without a word). An end line

@@ -187,6 +187,7 @@ def collect(params):
         "mounts": collect_mounts(mount_paths, warnings), "cgroup": collect_cgroup(),
         "gpu_samples": gpu_samples, "now": now, "warnings": warnings,
         "slurm": rgt_slurm.observe(paths.run_dir),  # None unless the run was submitted through Slurm
+        "queue": rgt_runlayout.sweep_queue(paths),  # None unless the run is a sweep's cell
     }
     doc = rgt_reconcile.reconcile(facts)
     doc["run_dir"] = paths.run_dir

@@ -22,8 +22,8 @@ description:
   - "State: C(live) when another process holds the run's C(.rgt/lock) (the wrapper holds that flock for its
     whole life), else how the run ended from C(.rgt/attempts.jsonl) and C(.rgt/exit.json): C(never),
     C(finished), C(failed), C(preempted), C(killed) or C(dead) (started, with no exit record for its last
-    attempt). An export sealed under C(export/) whose run directory is gone is reported with state
-    C(exported)."
+    attempt), or C(queued) for a sweep cell that the sweep's live queue on the box will still start. An export
+    sealed under C(export/) whose run directory is gone is reported with state C(exported)."
   - A directory under C(active/) whose name is not a run id (or a project directory whose name is not a project
     name) is reported in C(not_runs) as not an rgt run dir, never crashed on. Dot-files in C(export/)
     (C(.partial/), temporary files of atomic writes) are not exports and are skipped.
@@ -99,6 +99,7 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout impor
     lock_held,
     read_json,
     read_jsonl,
+    sweep_queue,
 )
 
 MANIFEST_SUFFIX = ".manifest.json"
@@ -166,6 +167,9 @@ def describe_run(paths):
             attempt = pid["attempt"]
     else:
         state = last_state(records, exit_doc)
+        queue = sweep_queue(paths)
+        if queue and queue["alive"] and paths.run_id in queue["pending"] and state != "finished":
+            state = "queued"  # a sweep's live queue will start it: it counts as live for the gate
     slurm = rgt_slurm.read_record(paths.meta)  # a run submitted through sbatch: its job (teardown cancels it)
     return {"project": paths.project, "run_id": paths.run_id, "run_dir": paths.run_dir, "state": state,
             "attempt": attempt, "export": export_info(paths.export_dir, paths.run_id),

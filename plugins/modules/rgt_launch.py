@@ -120,6 +120,23 @@ options:
     description: Seconds to wait for the wrapper's first heartbeat of the new attempt.
     type: int
     default: 30
+  sweep:
+    description:
+      - This host's share of a sweep (docs/internals.md "Sweeps"), computed by rgt-run from C(rgt_job.sweep) -
+        C(name) (the sweep, a plain name), C(cells) (C([{id, command, env, params}]), in roster order, each an
+        ordinary run C(active/<id>)), C(slots) (C(CUDA_VISIBLE_DEVICES) of each slot, e.g. C(["0", "1"])),
+        C(roster) (written to C(<durable_root>/<project>/sweeps/<name>/roster.json)), C(retry) (failed cells to
+        run once more), C(poll_s).
+      - Writes C(job.json) of each cell that may start (never ran, preempted, killed, dead; failed only when in
+        C(retry)), never touching a live or finished cell, then C(.rgt/queue.json) of the sweep (a new
+        generation) and starts the sweep's queue (O(queue_content), C(.rgt/queue.py)) under O(detach) when it is
+        not running. The queue starts each cell's wrapper on a free slot, never twice. Only tmux and nohup run
+        sweeps (C(rc_hint=2) otherwise). O(code_dir) is the sweep's own C(code-<hash8>), uploaded once per box.
+    type: dict
+  queue_content:
+    description: Source of the sweep queue (the role's C(files/rgt_queue.py)), installed as
+      C(<sweep_dir>/.rgt/queue.py) when different. Required with O(sweep).
+    type: str
 notes:
   - Check mode is supported; it reports what would be done and writes nothing.
   - C(nohup) detaching runs the wrapper in a new session (C(setsid)), stdin C(/dev/null), output appended to
@@ -203,6 +220,16 @@ slurm_job_id:
 slurm_reason:
   description: Why Slurm keeps the job pending (Priority, Resources, BeginTime, ...), null when it is not.
   returned: detach sbatch, when queued
+  type: str
+cells:
+  description: With O(sweep) - each cell of this host, C({run_id, state, attempt, run_dir, written}); state is
+    running, queued (waiting for a slot), finished, failed, preempted, dead or not_started.
+  returned: with sweep
+  type: list
+  elements: dict
+sweep_dir:
+  description: With O(sweep) - C(<durable_root>/<project>/sweeps/<name>) (code, data, roster, queue).
+  returned: with sweep
   type: str
 rc_hint:
   description: 3 when the disk gate refused the launch; 2 when the detach primitive is not registered or not built.
@@ -497,6 +524,213 @@ def choose_detach(module, primitive, fallback, result):
     return chosen
 
 
+# ---------------------------------------------------------------- a host's share of a sweep (option `sweep`)
+
+def sweep_dir_of(root, project, name):
+    """<durable_root>/<project>/sweeps/<name>: the sweep's code, data, roster and queue on this box."""
+    return os.path.join(root, project, "sweeps", name)
+
+
+def cell_view(paths, inc):
+    """(state, attempt): live, or how the cell's last attempt ended (rgt_runlayout.last_state)."""
+    records = rl.read_jsonl(paths.attempts)
+    attempt = len([r for r in records if "started_at" in r])
+    if wrapper_alive(paths, rl.read_json(paths.pid), inc):
+        return "live", attempt
+    return rl.last_state(records, rl.read_json(paths.exit)), attempt
+
+
+def launch_queue(module, entry, python, script, sweep_dir, session, result):
+    """Start the sweep's queue detached: a tmux session marked with the sweep dir (a leftover of this sweep's own
+    queue is replaced, anything else refused), or a new session (setsid) with output in logs/queue-wrapper.log."""
+    line = [python, script, sweep_dir]
+    if entry.impl == "tmux":
+        tmux = shutil.which("tmux")
+        if tmux_has(tmux, session):
+            owner = tmux_owner(tmux, session)
+            if owner != sweep_dir:
+                module.fail_json(msg="a tmux session named %s already exists and is not this sweep's queue: it was "
+                                     "left alone and nothing was started" % session, **result)
+            subprocess.call([tmux, "kill-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=tmux_env())
+        proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, "exec " + " ".join(quote(x) for x in line),
+                                 ";", "set-option", "-t", "=%s:" % session, TMUX_OWNER_OPTION, sweep_dir],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=tmux_env(), universal_newlines=True)
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            module.fail_json(msg="tmux new-session failed for the sweep queue (rc %s): %s"
+                                 % (proc.returncode, (err or out).strip()), **result)
+        return None
+    log = open(os.path.join(sweep_dir, "logs", "queue-wrapper.log"), "ab")
+    try:
+        return subprocess.Popen(line, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=sweep_dir, start_new_session=True, close_fds=True)
+    finally:
+        log.close()
+
+
+def launch_sweep(module, root, python, inc):
+    """This host's cells of a sweep: each cell is an ordinary run (active/<cell id>) with its own job.json; a queue
+    per sweep on this box (files/rgt_queue.py, under the sweep's own flock) starts them as slots free. Live and
+    finished cells are never touched; a failed cell is left failed unless named in `sweep.retry`."""
+    p = module.params
+    sweep = p["sweep"]
+    job = p["job"]
+    name = sweep.get("name")
+    problem = rl.check_name(name, "run id")  # the sweep name is the run id its cells start with
+    if problem:
+        module.fail_json(msg="nothing launched: %s" % problem, field="rgt_job.name", rc_hint=2)
+    cells = sweep.get("cells") or []
+    slots = [str(s) for s in (sweep.get("slots") or [])]
+    if not cells or not slots:
+        module.fail_json(msg="nothing launched: sweep %s gives this host no cells or no slots" % name, rc_hint=2)
+    sweep_dir = sweep_dir_of(root, p["project"], name)
+    meta = os.path.join(sweep_dir, ".rgt")
+    session = rl.session_name(p["project"], name + "--queue")
+    result = dict(changed=False, run_dir=sweep_dir, sweep_dir=sweep_dir, session=session, detach=None,
+                  action="none", attempt=None, exit=None, code_dir=None, omp_num_threads=None, cells=[])
+    if not rgt_registry.runs_sweeps(p["detach"]):
+        module.fail_json(msg="rgt_job.sweep: detach %s does not run a sweep's queue (rgt_registry: sweeps). Fix: "
+                             "run the sweep on a profile that detaches with tmux or nohup, or each cell as a job of "
+                             "its own" % p["detach"], field="rgt_job.sweep", rc_hint=2, **result)
+    retry = set(sweep.get("retry") or [])
+    unknown = sorted(retry - set(c.get("id") for c in cells))
+    if unknown:
+        module.fail_json(msg="retry names %s, not a cell of sweep %s on this host" % (", ".join(unknown), name),
+                         field="cell", rc_hint=2, **result)
+    views = []
+    for cell in cells:
+        try:
+            paths = rl.RunPaths(root, p["project"], cell.get("id"))
+        except ValueError as exc:
+            module.fail_json(msg="nothing launched: sweep %s: %s" % (name, exc), rc_hint=2, **result)
+        for var in (cell.get("env") or {}):
+            problem = rl.check_env_name(var)
+            if problem:
+                module.fail_json(msg="nothing launched: rgt_job.sweep env: %s" % problem, rc_hint=2, **result)
+        state, attempt = cell_view(paths, inc)
+        views.append((cell, paths, state, attempt))
+
+    code_dir = rl.expand_root(p["code_dir"]) if p["code_dir"] else None
+    if not code_dir:  # a relaunch or a retry without an upload: the code the cells were given
+        code_dir = next((doc.get("code_dir") for doc in (rl.read_json(pa.job) for _c, pa, _s, _a in views)
+                         if isinstance(doc, dict) and doc.get("code_dir")), None)
+    if not code_dir or not os.path.isdir(code_dir):
+        module.fail_json(msg="code_dir %s does not exist on the box (run upload_resume first: a sweep's code is "
+                             "uploaded once per box into %s)" % (code_dir, sweep_dir), **result)
+    secrets_file = rl.expand_root(p["secrets_file"]) if p["secrets_file"] else None
+    if secrets_file and not os.path.isfile(secrets_file):
+        module.fail_json(msg="secrets file %s is missing: run env_check (it writes it)" % secrets_file, **result)
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        module.fail_json(msg="rgt_job.python %s does not exist or is not executable" % python, **result)
+    to_write = [(c, pa, st, at) for c, pa, st, at in views
+                if st in ("never", "preempted", "killed", "dead") or (st == "failed" and c["id"] in retry)]
+    if to_write and p["disk_floor_gib"] and p["disk_floor_gib"] > 0:
+        free, measured = free_gib(root)
+        if free < p["disk_floor_gib"]:
+            module.fail_json(msg="DISK_GATE: %.2f GiB free on %s is below the floor of %.2f GiB: nothing started. "
+                                 "Free space (prune old checkpoints, caches) or lower disk_floor_gib."
+                                 % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
+                             **result)
+    omp = p["omp_num_threads"]
+    if omp is None:
+        omp = omp_from_quota(*cgroup_cpu_quota())
+    if omp is not None and omp <= 0:
+        omp = None
+    if omp:  # the box's CPUs are shared by the cells that run at once
+        omp = max(1, omp // len(slots))
+    entry = choose_detach(module, p["detach"], p["detach_fallback"], result)
+    queue_alive = rl.lock_held(os.path.join(meta, "queue.lock"))  # for check mode; looked at again before a start
+    result.update(detach=entry.name, code_dir=code_dir, omp_num_threads=omp)
+    if module.check_mode:
+        result.update(state="running" if queue_alive else "not_started", changed=bool(to_write or not queue_alive),
+                      cells=[{"run_id": c["id"], "state": st, "attempt": at, "run_dir": pa.run_dir}
+                             for c, pa, st, at in views],
+                      msg="would queue %d cell(s) of sweep %s" % (len(to_write), name))
+        module.exit_json(**result)
+
+    # the sweep's files, each cell's job.json (only cells that may start), then the queue
+    for directory in (meta, os.path.join(sweep_dir, "logs")):
+        if not os.path.isdir(directory):
+            os.makedirs(directory)
+    if isinstance(sweep.get("roster"), dict):
+        rl.atomic_write_json(os.path.join(sweep_dir, "roster.json"), sweep["roster"])
+    data_dir = os.path.join(sweep_dir, "data")
+    for cell, paths, state, attempt in to_write:
+        for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
+            if not os.path.isdir(directory):
+                os.makedirs(directory)
+        install(paths.wrapper, p["wrapper_content"], 0o755)
+        install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+        old = rl.read_json(paths.job) or {}
+        cell_job = dict(job, command=cell["command"], env=dict(job.get("env") or {}, **(cell.get("env") or {})))
+        doc = job_document(module, paths, cell_job, code_dir if (p["use_new_code"] or state == "never")
+                           else old.get("code_dir") or code_dir, omp, python, secrets_file)
+        doc["sweep"] = {"name": name, "dir": sweep_dir, "params": cell.get("params") or {}}
+        if os.path.isdir(data_dir):
+            doc["data_dir"] = data_dir
+        rl.atomic_write_json(paths.job, doc, 0o600)
+        rl.atomic_write_json(os.path.join(paths.meta, "sweep.json"), {"sweep": name, "sweep_dir": sweep_dir})
+        if state == "failed":
+            rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
+                                 {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    script = os.path.join(meta, "queue.py")
+    install(script, p["queue_content"], 0o755)
+    install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    if not os.path.isfile(script):
+        module.fail_json(msg="no sweep queue at %s (pass queue_content)" % script, **result)
+    spec_path = os.path.join(meta, "queue.json")
+    generation = int((rl.read_json(spec_path) or {}).get("generation") or 0) + 1
+    rl.atomic_write_json(spec_path, {"project": p["project"], "durable_root": root, "python": python,
+                                     "sweep": name, "cells": [c["id"] for c in cells], "slots": slots,
+                                     "generation": generation, "poll_s": sweep.get("poll_s") or 1.0})
+    lock = os.path.join(meta, "queue.lock")
+    proc, started = None, not rl.lock_held(lock)  # looked at after queue.json: a live queue reads the new one
+    if started:
+        proc = launch_queue(module, entry, python, script, sweep_dir, session, result)
+    # the queue has looked once at this generation: the cells it could start hold their locks (or ended)
+    state_path = os.path.join(meta, "queue-state.json")
+    deadline = time.time() + max(1, p["first_heartbeat_timeout_s"])
+    while True:
+        seen = rl.read_json(state_path) or {}
+        if seen.get("generation") == generation:
+            break
+        if not started and seen.get("ended") and not rl.lock_held(lock):
+            started = True  # the queue ended just before it could read this generation: start another
+            proc = launch_queue(module, entry, python, script, sweep_dir, session, result)
+        if proc is not None and proc.poll() is not None:
+            deadline = min(deadline, time.time() + 1)
+        if time.time() > deadline:
+            module.fail_json(msg="the queue of sweep %s did not answer within %ss. queue.log tail:\n%s\n"
+                                 "queue-wrapper.log tail:\n%s" % (name, p["first_heartbeat_timeout_s"],
+                                                                  tail(os.path.join(sweep_dir, "logs", "queue.log")),
+                                                                  tail(os.path.join(sweep_dir, "logs",
+                                                                                    "queue-wrapper.log"))),
+                             **result)
+        time.sleep(0.1)
+    pending = set(seen.get("pending") or [])
+    counts = {}
+    for cell, paths, _state, _attempt in views:
+        state, attempt = cell_view(paths, inc)
+        shown = "running" if state == "live" else "queued" if cell["id"] in pending else \
+            {"never": "not_started", "killed": "dead"}.get(state, state)
+        counts[shown] = counts.get(shown, 0) + 1
+        result["cells"].append({"run_id": cell["id"], "state": shown, "attempt": attempt, "run_dir": paths.run_dir,
+                                "written": any(c is cell for c, _p, _s, _a in to_write)})
+    ended = not seen.get("pending") and not seen.get("running")
+    overall = "finished" if counts.get("finished") == len(cells) else \
+        "running" if not ended else "failed" if counts.get("failed") else "preempted" if counts.get("preempted") \
+        else "dead" if counts.get("dead") else "not_started"
+    result.update(changed=bool(to_write) or started, action="launch" if to_write else "none",
+                  state=overall, pid=seen.get("pid"),
+                  msg="sweep %s on this box: %s (queue %s, %d slot(s): %s)" % (
+                      name, ", ".join("%d %s" % (n, s) for s, n in sorted(counts.items())),
+                      "started" if started else "running" if not ended else "done", len(slots),
+                      " ".join("CUDA_VISIBLE_DEVICES=%s" % (s or "''") for s in slots)))
+    module.exit_json(**result)
+
+
 def job_document(module, paths, job, code_dir, omp, python, secrets_file):
     p = module.params
     checkpoint = job.get("checkpoint") or {}
@@ -552,6 +786,8 @@ def main():
             relaunch=dict(type="bool", default=True),
             relaunch_failed=dict(type="bool", default=False),
             first_heartbeat_timeout_s=dict(type="int", default=30),
+            sweep=dict(type="dict"),
+            queue_content=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -578,6 +814,8 @@ def main():
     if not python or not os.path.isabs(rl.expand_root(python)):
         module.fail_json(msg="rgt_job.python must be the absolute path of the box's interpreter (never guessed)")
     python = rl.expand_root(python)
+    if p["sweep"]:
+        launch_sweep(module, root, python, rl.incarnation())
 
     session = paths.session()
     inc = rl.incarnation()

@@ -1,6 +1,6 @@
 """`rgt-run train -C` with a job that declares a sweep: every cell (its run id, args and env) and the host each goes
-to, computed here (no box contacted); a sweep the rules refuse exits 2 naming the field; running a sweep is not
-built yet and is refused before anything is touched (exit 2)."""
+to, computed here (no box contacted); a sweep the rules refuse exits 2 naming the field; a sweep on a profile whose
+detach primitive has no sweep queue (Slurm: job arrays are not built) is refused before anything is touched."""
 
 import json
 
@@ -55,8 +55,11 @@ def test_a_cell_value_that_cannot_name_a_run_is_refused_naming_the_field(rgt, tm
     assert result.doc["field"] == "rgt_job.sweep.matrix.lr[1]" and "'1e 4'" in result.doc["error"]
 
 
-def test_running_a_sweep_is_refused_before_any_box(rgt, tmp_path):
-    result = rgt("train", "-i", two_boxes(tmp_path), "-e", json.dumps(sweep_job(tmp_path)), "--json", timeout=120)
+def test_a_sweep_on_a_profile_that_cannot_queue_it_is_refused_before_any_box(rgt, tmp_path):
+    hosts = {"login-1": {"ansible_host": "127.0.0.1", "ansible_port": 1, "rgt_profile": "slurm",
+                         "rgt_instance_id": "cluster-1"}}
+    inv = write_inventory(tmp_path / "inv", hosts)
+    result = rgt("train", "-i", inv, "-e", json.dumps(sweep_job(tmp_path)), "--json", timeout=120)
     assert result.rc == 2, result.stdout + result.stderr
-    assert result.doc["field"] == "rgt_job.sweep" and "train -C" in result.doc["fix"]
+    assert result.doc["field"] == "rgt_job.sweep" and "sbatch" in result.doc["error"]
     assert not (rgt.ledger / "events").exists()

@@ -41,6 +41,7 @@ GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
 GPU_HEADER = "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c"
 DEFAULTS = {"heartbeat_interval_s": 5, "gpu_sample_interval_s": 30, "grace_s": 30, "ckpt_glob": "*"}
 TICK_S = 0.2
+LOCK_RETRY_S = 1.0  # how long a held lock is tried again (a look at it holds it for an instant)
 # What the end records need on a full disk: a few 4 KiB blocks (heartbeat, end line, log trailer, exit.json) and
 # one inode (exit.json; the heartbeat's temp file gives its inode back on rename). 64 KiB leaves room for
 # filesystem metadata.
@@ -102,7 +103,7 @@ def classify(rc, stop_signal=None):
 def start_record(job, attempt, started_at, resume_from, inc, oom_kill, environ):
     """The attempts.jsonl start line. detach: the primitive named in RGT_DETACH when rgt's batch script started the
     wrapper inside a scheduler's job (sbatch; with the Slurm job id and Slurm's restart count, which a requeue
-    raises), else tmux or nohup."""
+    raises) or a sweep queue (sweep-queue; with the slot's devices), else tmux or nohup."""
     record = {"attempt": attempt, "started_at": started_at, "code_dir": job.get("code_dir"),
               "resume_from": resume_from, "incarnation": inc, "oom_kill": oom_kill,
               "detach": "tmux" if environ.get("TMUX") else "nohup",
@@ -112,6 +113,8 @@ def start_record(job, attempt, started_at, resume_from, inc, oom_kill, environ):
     if environ.get("RGT_DETACH") and environ.get("SLURM_JOB_ID"):
         record.update(slurm_job_id=environ["SLURM_JOB_ID"],
                       slurm_restart_count=int(environ.get("SLURM_RESTART_COUNT") or 0))
+    if environ.get("RGT_SLOT_DEVICES") is not None:  # started by a sweep queue on this slot
+        record["devices"] = environ["RGT_SLOT_DEVICES"]
     return record
 
 
@@ -143,7 +146,10 @@ def build_env(job, paths, attempt, resume_from, base_env):
         "RGT_OUT_DIR": paths.out,
         "RGT_RESUME_FROM": resume_from or "",
         "RGT_PREEMPT_FILE": paths.preempt,
+        "RGT_DATA_DIR": job.get("data_dir") or paths.data,
     })
+    if base_env.get("RGT_SLOT_DEVICES") is not None:  # a sweep queue's slot: the GPUs this cell may see
+        env["CUDA_VISIBLE_DEVICES"] = base_env["RGT_SLOT_DEVICES"]
     return env
 
 
@@ -219,15 +225,22 @@ class Wrapper:
 
     # -- lock
     def take_lock(self):
+        """The run's flock, or False when another wrapper holds it. A look at the lock (rgt_runlayout.lock_held,
+        from status, the launch or a sweep queue) holds it for an instant: it is tried again for LOCK_RETRY_S
+        before this wrapper takes the run for live."""
         import fcntl
         self.lock_handle = open(self.paths.lock, "a+")
-        try:
-            fcntl.flock(self.lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        deadline = time.time() + LOCK_RETRY_S
+        while True:
+            try:
+                fcntl.flock(self.lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+            if time.time() > deadline:
                 return False
-            raise
-        return True
+            time.sleep(0.02)
 
     # -- signals
     def on_stop(self, signum, _frame):

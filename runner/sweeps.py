@@ -1,0 +1,274 @@
+"""Sweeps on the controller: the roster (which cell runs on which host), kept in the ledger; each host's share for
+the launch; each cell as an ordinary run for the plays that look at runs; the sweep's tally for status and watch.
+
+The cells, their run ids, commands and environments are module_util rgt_sweep's (one copy for the runner and the
+box). Placement is rgt_sweep.place over the hosts that carry the sweep, each weighted by the cells it runs at once
+(rgt_job.gpu.count // sweep.gpus_per_cell, at least 1). A roster is sticky: once `<ledger>/sweeps/<project>/
+<name>.json` holds it, a cell keeps its host on every later train (so a changed inventory never starts a cell a
+second time elsewhere); a cell whose host is not in the play is refused (exit 2), and only new cells are placed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rgt import paths
+from rgt.errors import InputError
+from rgt.ledger import atomic_write_json, read_json
+
+ROSTER_SCHEMA = "rgt/roster/v1"
+
+
+def _lib():
+    return paths.module_util("rgt_sweep")
+
+
+def project_of(host) -> str:
+    project = host.vars.get("rgt_project")
+    return project if isinstance(project, str) and project else "rgt"
+
+
+def sweep_job(host) -> dict | None:
+    job = host.vars.get("rgt_job")
+    return job if isinstance(job, dict) and job.get("sweep") else None
+
+
+def roster_path(ledger: Path, project: str, name: str) -> Path:
+    return ledger / "sweeps" / project / f"{name}.json"
+
+
+def read_roster(ledger: Path, project: str, name: str) -> dict | None:
+    doc = read_json(roster_path(ledger, project, name))
+    return doc if isinstance(doc, dict) and doc.get("schema") == ROSTER_SCHEMA else None
+
+
+def all_rosters(ledger: Path) -> list[dict]:
+    folder = ledger / "sweeps"
+    docs = [read_json(p) for p in sorted(folder.glob("*/*.json"))] if folder.is_dir() else []
+    return [d for d in docs if isinstance(d, dict) and d.get("schema") == ROSTER_SCHEMA]
+
+
+def slots(job: dict) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of each slot of a host: its gpu.count GPUs in groups of sweep.gpus_per_cell (default 1),
+    at most sweep.parallel of them; cells without GPUs (gpus_per_cell 0 or gpu.count 0) get sweep.parallel slots
+    (default 1) that see no GPU."""
+    sweep = job["sweep"]
+    count = int((job.get("gpu") or {}).get("count") or 0)
+    per_cell = int(sweep.get("gpus_per_cell", 1))
+    parallel = sweep.get("parallel")
+    if count <= 0 or per_cell <= 0:
+        return [""] * int(parallel or 1)
+    groups = [",".join(str(g * per_cell + i) for i in range(per_cell)) for g in range(count // per_cell)] \
+        or [",".join(str(i) for i in range(count))]  # fewer GPUs than a cell asks for: one slot with them all
+    return groups[:int(parallel)] if parallel else groups
+
+
+def cell_job(job: dict, cell: dict) -> dict:
+    """A cell of the roster as an ordinary run's job spec: the sweep's job without `sweep`, the cell's run id,
+    command and env."""
+    out = {k: v for k, v in job.items() if k != "sweep"}
+    out.update(run_id=cell["id"], command=cell["command"], env={**(job.get("env") or {}), **cell["env"]})
+    return out
+
+
+def groups(hosts: list) -> dict[tuple[str, str], list]:
+    """{(project, sweep name): [host, ...]} over the hosts whose job declares a sweep; refuses two hosts that
+    declare different sweeps under one name."""
+    out: dict[tuple[str, str], list] = {}
+    for host in hosts:
+        job = sweep_job(host)
+        if job:
+            out.setdefault((project_of(host), job.get("run_id") or job.get("name")), []).append(host)
+    for (_project, name), members in out.items():
+        first = sweep_job(members[0])
+        for other in members[1:]:
+            if sweep_job(other)["sweep"] != first["sweep"] or sweep_job(other).get("command") != first.get("command"):
+                raise InputError(f"hosts '{members[0].name}' and '{other.name}' declare different sweeps named "
+                                 f"{name}", fix="give every host of one sweep the same rgt_job (or another "
+                                 "rgt_job.name)", field="rgt_job.sweep")
+    return out
+
+
+def _cells(job: dict) -> list[dict]:
+    lib = _lib()
+    try:
+        return lib.cells(job)
+    except lib.SweepError as exc:
+        raise InputError(str(exc), fix=exc.fix, field=exc.field) from None
+
+
+def plan(hosts: list, ledger: Path | None) -> list[dict]:
+    """Each sweep of the play: {sweep, project, job, gpus_per_cell, slots {host: [...]}, at_once {host: n},
+    roster}. With a ledger, a cell already in the sweep's roster keeps its host."""
+    lib = _lib()
+    out = []
+    for (project, name), members in groups(hosts).items():
+        job = sweep_job(members[0])
+        cells = _cells(job)
+        names = [h.name for h in members]
+        host_slots = {h.name: slots(sweep_job(h)) for h in members}
+        at_once = {h: len(s) for h, s in host_slots.items()}
+        kept = read_roster(ledger, project, name) if ledger is not None else None
+        before = {c["id"]: c["host"] for c in (kept or {}).get("cells") or []}
+        elsewhere = sorted((cid, before[cid]) for cid in (c["id"] for c in cells)
+                           if cid in before and before[cid] not in names)
+        if elsewhere:
+            listed = ", ".join(f"{cid} (on {host})" for cid, host in elsewhere[:5])
+            raise InputError(f"sweep {name}: cell(s) {listed} were placed on a host that is not in this play: a cell "
+                             "runs on one host only, never a second time elsewhere",
+                             fix="include that host (inventory and --limit), or give the sweep a new rgt_job.name",
+                             field="rgt_job.sweep")
+        placement = {h: [c["id"] for c in cells if before.get(c["id"]) == h] for h in names}
+        new = [c["id"] for c in cells if c["id"] not in before]
+        if new:  # new cells go where the fewest cells per slot are, counting the cells each host already has
+            loads = {h: list(placement[h]) for h in names}
+            for cid in new:
+                host = min(names, key=lambda h: (len(loads[h]) / float(at_once[h]), names.index(h)))
+                loads[host].append(cid)
+            order = {c["id"]: i for i, c in enumerate(cells)}
+            placement = {h: sorted(ids, key=order.get) for h, ids in loads.items()}
+        roster = lib.roster(name, cells, placement,
+                            created_at=(kept or {}).get("created_at")
+                            or datetime.now(UTC).isoformat(timespec="seconds"))
+        roster["project"] = project
+        for cell in roster["cells"]:
+            cell["command"] = lib.cell_command(job.get("command") or "", cell)
+        out.append({"sweep": name, "project": project, "job": job,
+                    "gpus_per_cell": int(job["sweep"].get("gpus_per_cell", 1)), "slots": host_slots,
+                    "at_once": at_once, "roster": roster})
+    return out
+
+
+def record(ledger: Path, item: dict) -> None:
+    """Keep a sweep's roster (and its job, for `rgt-run retry`) in the ledger, atomically."""
+    atomic_write_json(roster_path(ledger, item["project"], item["sweep"]), {**item["roster"], "job": item["job"]})
+
+
+def host_share(item: dict, host: str, retry: list[str] | None = None) -> dict:
+    """The launch's `rgt_sweep` for one host: its cells in roster order, its slots, the roster, cells to retry."""
+    cells = [{"id": c["id"], "command": c["command"], "env": c["env"], "params": c["params"]}
+             for c in item["roster"]["cells"] if c["host"] == host]
+    return {"name": item["sweep"], "cells": cells, "slots": item["slots"][host], "roster": item["roster"],
+            "retry": list(retry or []), "poll_s": item["job"]["sweep"].get("poll_s") or 1.0}
+
+
+def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
+    """For a play that looks at runs: each sweep host acts on its first cell and reports the others too (as a
+    host with several runs); the sweep's job leaves the extra vars (each host gets its own cell's job through the
+    runner's inventory)."""
+    if isinstance(extravars.get("rgt_job"), dict) and extravars["rgt_job"].get("sweep"):
+        del extravars["rgt_job"]
+    by_name = {h.name: h for h in hosts}
+    for item in items:
+        for name in item["slots"]:
+            cells = [cell_job(item["job"], c) for c in item["roster"]["cells"] if c["host"] == name]
+            host = by_name[name]
+            if cells:
+                host.recalled = {"job": cells[0], "cells": cells}
+                host.other_runs = [c["run_id"] for c in cells[1:]]
+                host.vars = {**host.vars, "rgt_job": cells[0]}
+            host.sweep = item["sweep"]
+
+
+SWEEP_PRIMITIVES = ("tmux", "nohup", "auto")
+
+
+def recall(hosts: list, ledger: Path) -> None:
+    """A host with no job spec that has cells in a sweep of the ledger (its project) gets that sweep's job (the
+    newest such roster), so status, pull, logs, teardown and retry need no `-e @job.yml` again."""
+    rosters = sorted(all_rosters(ledger), key=lambda r: str(r.get("created_at") or ""), reverse=True)
+    for host in hosts:
+        if isinstance(host.vars.get("rgt_job"), dict):
+            continue
+        for roster in rosters:
+            if roster.get("project") == project_of(host) and isinstance(roster.get("job"), dict) \
+                    and any(c.get("host") == host.name for c in roster.get("cells") or []):
+                host.vars = {**host.vars, "rgt_job": roster["job"]}
+                break  # the box-side queue; Slurm job arrays and k8s Jobs are not built
+
+
+def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only: bool = False,
+            recalling: bool = False, retry: dict[str, list[str]] | None = None) -> list[dict]:
+    """Before a play (rgt.cli.prepare): a launching play (train, launch_detached) gets each sweep host's share as
+    the host var rgt_sweep (through the runner's inventory); any other play sees each cell as a run (expand).
+    Refuses a sweep on a profile whose detach primitive cannot run one (exit 2). `recalling`: a host with no job
+    spec gets its sweep from the ledger (recall). Returns the sweeps' plans."""
+    if recalling:  # a play that acts on runs already launched, with no job spec given
+        recall(hosts, ledger)
+    if not any(sweep_job(h) for h in hosts):
+        return []
+    for host in hosts:
+        primitive = ((host.profile or {}).get("detach") or {}).get("primitive")
+        if sweep_job(host) and not paths.module_util("rgt_registry").runs_sweeps(primitive):
+            raise InputError(f"host '{host.name}': its profile launches with {primitive}, which does not run sweeps "
+                             "yet (Slurm job arrays and Kubernetes sweeps are not built)",
+                             fix="run the sweep on hosts whose profile detaches with tmux or nohup, or run each "
+                                 "cell as a job of its own", field="rgt_job.sweep")
+    items = plan(hosts, ledger)
+    if plan_only:
+        return items
+    if playbook in ("train", "launch_detached"):
+        for item in items:
+            for host in hosts:
+                if host.name in item["slots"]:
+                    host.overlay["rgt_sweep"] = host_share(item, host.name, (retry or {}).get(host.name))
+        return items
+    expand(hosts, extravars, items)
+    return items
+
+
+# ---------------------------------------------------------------- the tally
+
+TALLY_STATES = ("finished", "running", "queued", "failed", "preempted", "missing", "duplicate")
+
+
+def tally(roster: dict, runs: list[dict], down: set[str] | frozenset = frozenset()) -> dict:
+    """A sweep against its roster from the status documents seen (each with host, run_id, state): per cell its
+    state (finished, running, queued, failed, preempted, missing: seen nowhere or never prepared, duplicate: seen
+    started on two hosts, unreachable: its host (in `down`) did not answer), counts in total and per host, and
+    `done` when every cell of the roster finished."""
+    by_cell: dict[str, list[dict]] = {}
+    for run in runs:
+        by_cell.setdefault(str(run.get("run_id")), []).append(run)
+    cells = []
+    totals: dict[str, int] = {}
+    per_host: dict[str, dict[str, int]] = {}
+    for cell in roster.get("cells") or []:
+        seen = by_cell.get(cell["id"]) or []
+        started = [r for r in seen if r.get("state") not in ("not_started", "unreachable", None)]
+        mine = [r for r in seen if r.get("host") == cell["host"]]
+        if len({r.get("host") for r in started}) > 1:
+            state = "duplicate"
+        elif cell["host"] in down:
+            state = "unreachable"
+        else:
+            state = mine[0].get("state") if mine else "missing"
+            state = {"stalled": "running", "not_started": "missing", "dead": "preempted", "timeout": "failed",
+                     "oom": "failed", "error": "failed"}.get(state, state)
+        cells.append({"id": cell["id"], "host": cell["host"], "state": state})
+        totals[state] = totals.get(state, 0) + 1
+        per_host.setdefault(cell["host"], {})
+        per_host[cell["host"]][state] = per_host[cell["host"]].get(state, 0) + 1
+    return {"sweep": roster.get("sweep"), "project": roster.get("project"), "cells": cells, "total": len(cells),
+            "counts": totals, "hosts": per_host, "done": bool(cells) and totals.get("finished") == len(cells)}
+
+
+def tally_line(t: dict) -> str:
+    """`sweep lr: 6/8 finished, 1 running, 1 failed (lr--seed=2)`."""
+    parts = [f"{t['counts'].get('finished', 0)}/{t['total']} finished"]
+    for state in TALLY_STATES[1:] + ("unreachable",):
+        n = t["counts"].get(state)
+        if n:
+            named = [c["id"] for c in t["cells"] if c["state"] == state]
+            parts.append(f"{n} {state}" + (f" ({', '.join(named[:3])}{' ...' if len(named) > 3 else ''})"
+                                            if state in ("failed", "missing", "duplicate") else ""))
+    return f"sweep {t['sweep']}: " + ", ".join(parts)
+
+
+def tallies(ledger: Path, hosts: list, runs: list[dict]) -> list[dict]:
+    """The tally of every sweep in the ledger that has a cell on one of `hosts`."""
+    names = {h.name for h in hosts}
+    down = {r["host"] for r in runs if r.get("state") == "unreachable"}
+    return [tally(roster, runs, down) for roster in all_rosters(ledger)
+            if any(c.get("host") in names for c in roster.get("cells") or [])]
