@@ -7,7 +7,9 @@ embeds its PNGs as data: URIs, so it opens anywhere with no network; the PNGs ar
 data behind it as `runs/<run_id>/<host>.report.json` (a later report of a box that is gone reads it back).
 
 `run_facts` (pure) turns one status document into the figures; `glance` turns several into the one line `watch`
-ends with and every notification carries.
+ends with and every notification carries. A sweep (rgt.sweeps) gets one page for all its cells instead,
+`runs/<sweep>/report.html`: `sweep_facts` (pure) gives a row per cell of the roster from the cells' documents (the
+status round reports a sweep host's cells as its run and `other_runs`), `sweep_loss_figure` draws every cell's loss.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ runs/<run_id>/report.html, with its plots also as PNG files beside it: the loss 
 each preemption and relaunch marked and the recomputed steps shaded, GPU utilisation and memory per GPU with idle
 stretches marked, a timeline of the attempts, and the figures: wall time, GPU-hours, steps/s, compute lost to
 preemptions, the cost (price per hour x wall time, plus the time the box billed after the job ended) and the pull's
-verification. A box that is gone is reported from the data saved by the last report or status.
+verification. A sweep gets one page, runs/<sweep>/report.html: a row per cell of its roster (host, params, state,
+attempts, final loss, wall time, cost, pull verified) and the loss of every cell in one plot.
+A box that is gone is reported from the data saved by the last report or status.
 `rgt-run pull` writes the report on its own after a verified pull.
 Exit codes: 0 every report written, 1 a run got no report (the box gave no status, no data), 2 --run names no run of the
 inventory, 4 every run without a report is on a box that did not answer, with nothing saved about the run."""
@@ -168,15 +172,21 @@ def glance(docs: dict[str, dict], facts: dict[str, dict] | None = None, label: s
         if state in ("failed", "dead", "error"):
             text += " (" + "; ".join(_why(h, docs[h]) for h in hosts) + ")"
         parts.append(text)
-    line = ", ".join(parts)
-    preempted = sum(f.get("preemptions") or 0 for f in facts.values())
-    lost = sum(f.get("lost_s") or 0 for f in facts.values())
+    line = ", ".join(parts) + "; " + losses_and_cost(facts.values())
+    return f"{label}: {line}" if label else line
+
+
+def losses_and_cost(facts) -> str:
+    """The second half of the one-glance line: "1 preemption, 31 min of compute lost; $4.12 so far"."""
+    facts = list(facts)
+    preempted = sum(f.get("preemptions") or 0 for f in facts)
+    lost = sum(f.get("lost_s") or 0 for f in facts)
     minutes = f"{lost / 60:.0f}" if lost >= 600 or lost == 0 else f"{lost / 60:.1f}"
-    line += f"; {preempted} preemption{'s' if preempted != 1 else ''}, {minutes} min of compute lost"
-    costs = [f["cost"] for f in facts.values() if f.get("cost") is not None]
+    line = f"{preempted} preemption{'s' if preempted != 1 else ''}, {minutes} min of compute lost"
+    costs = [f["cost"] for f in facts if f.get("cost") is not None]
     if costs:
         line += f"; ${sum(costs):.2f} so far"
-    return f"{label}: {line}" if label else line
+    return line
 
 
 def _why(host: str, doc: dict) -> str:
@@ -444,6 +454,127 @@ def page(run_id: str, sections: list[str], line: str, generated: float) -> str:
             + "".join(sections) + "</body></html>\n")
 
 
+# ---------------------------------------------------------------- a sweep: one page for all its cells
+
+def cell_label(params: dict) -> str:
+    """A cell named by its params, as the legend and the table show it: "lr=0.1, seed=2"."""
+    return ", ".join(f"{k}={v}" for k, v in (params or {}).items())
+
+
+def cell_curve(doc: dict | None) -> tuple[list, list]:
+    """One loss curve of a cell across its attempts: each attempt up to the step the next one started from (the
+    newest attempt's value for a step computed twice); non-finite losses left out."""
+    points = ((doc or {}).get("history") or {}).get("loss") or {}
+    by_attempt: dict = {}
+    for attempt, step, loss in points.get("points") or []:
+        by_attempt.setdefault(-1 if attempt is None else attempt, []).append((step, loss))
+    kept, cut = [], float("inf")
+    for attempt in sorted(by_attempt, reverse=True):
+        steps = [s for s, _v in by_attempt[attempt] if _num(s) is not None]
+        kept.extend((s, float(v)) for s, v in by_attempt[attempt] if _num(s) is not None and s < cut
+                    and _num(v) is not None)
+        cut = min([cut, *steps])
+    kept.sort()
+    return [s for s, _v in kept], [v for _s, v in kept]
+
+
+def sweep_facts(roster: dict, docs: list[dict], *, now: float | None = None,
+                teardown_at: dict[str, float | None] | None = None, verified: dict[str, dict | None] | None = None,
+                down: set[str] | frozenset = frozenset()) -> dict:
+    """The sweep page's data (pure): one row per cell of the roster, in roster order, from the status documents of
+    its cells (each with host, run_id, state, history; a cell's figures come from the document its roster host
+    sent, run_facts as for a single run), the pull's marker per cell, and the one-glance line (the sweep's tally,
+    rgt.sweeps, then compute lost and cost). A cell with no document is `missing` (`unreachable` when its host, in
+    `down`, did not answer)."""
+    from rgt import sweeps
+
+    now = time.time() if now is None else now
+    teardown_at, verified = teardown_at or {}, verified or {}
+    mine = {(d.get("host"), d.get("run_id")): d for d in docs}
+    runs = list(docs) + [{"host": c["host"], "run_id": c["id"], "state": "unreachable"}
+                         for c in roster.get("cells") or [] if c["host"] in down and (c["host"], c["id"]) not in mine]
+    tally = sweeps.tally(roster, runs)
+    states = {c["id"]: c["state"] for c in tally["cells"]}
+    rows, all_facts = [], []
+    for cell in roster.get("cells") or []:
+        doc = mine.get((cell["host"], cell["id"]))
+        facts = run_facts(doc, now=now, teardown_at=teardown_at.get(cell["host"]),
+                          verified=verified.get(cell["id"])) if doc else None
+        if facts:
+            all_facts.append(facts)
+        rows.append({"cell": cell["id"], "host": cell["host"], "params": dict(cell.get("params") or {}),
+                     "label": cell_label(cell.get("params")) or cell["id"], "state": states.get(cell["id"]),
+                     "run_state": (doc or {}).get("state"), "missing": doc is None,
+                     "attempts": facts["attempt_count"] if facts else None,
+                     "final_step": facts["final_step"] if facts else None,
+                     "final_loss": facts["final_loss"] if facts else None,
+                     "wall_s": facts["wall_s"] if facts else None, "cost": facts["cost"] if facts else None,
+                     "verified": verified.get(cell["id"]), "source": (doc or {}).get("_source"), "facts": facts})
+    line = sweeps.tally_line(tally) + "; " + losses_and_cost(all_facts)
+    return {"sweep": roster.get("sweep"), "project": roster.get("project"), "rows": rows, "tally": tally,
+            "glance": line}
+
+
+def sweep_loss_figure(rows: list[dict], docs: dict[str, dict], title: str):
+    """The loss curves of every cell in one figure, one line per cell with loss lines, labelled by its params.
+    Returns the matplotlib figure (not yet saved), or None when no cell logged a loss."""
+    curves = [(row["label"], *cell_curve(docs.get(row["cell"]))) for row in rows]
+    curves = [c for c in curves if c[1]]
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for label, steps, losses in curves:
+        ax.plot(steps, losses, lw=1.2, label=label)
+    finite = [v for _label, _steps, losses in curves for v in losses]
+    if min(finite) > 0 and max(finite) / min(finite) > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper right", ncol=1 + len(curves) // 12)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _pull_cell(v: dict | None) -> str:
+    if not v:
+        return '<td data-k="verified">not verified</td>'
+    return f'<td data-k="verified" class="ok">verified ({_e(v.get("files"))} files)</td>'
+
+
+def sweep_table(s: dict) -> str:
+    head = ("<tr><th>cell</th><th>host</th><th>params</th><th>state</th><th>attempts</th><th>final loss</th>"
+            "<th>wall min</th><th>cost</th><th>pull</th></tr>")
+    body = []
+    for r in s["rows"]:
+        state = r["state"] if r["run_state"] in (None, r["state"]) else f"{r['state']} ({r['run_state']})"
+        bad = ' class="bad"' if r["state"] in ("missing", "failed", "duplicate", "unreachable") else ""
+        body.append(
+            f'<tr data-cell="{_e(r["cell"])}"><td data-k="cell">{_e(r["cell"])}</td>'
+            f'<td data-k="host">{_e(r["host"])}</td><td data-k="params">{_e(r["label"])}</td>'
+            f'<td data-k="state"{bad}>{_e(state)}</td><td class="n" data-k="attempts">{_e(r["attempts"])}</td>'
+            f'<td class="n" data-k="final_loss">{_e(r["final_loss"])}</td>'
+            f'<td class="n" data-k="wall_min">{_fmt(r["wall_s"] and r["wall_s"] / 60, ".2f")}</td>'
+            f'<td class="n" data-k="cost">{_fmt(r["cost"], ".4f")}</td>{_pull_cell(r["verified"])}</tr>')
+    return "<table>" + head + "".join(body) + "</table>"
+
+
+def sweep_page(s: dict, image: bytes | None, image_name: str, generated: float, no_loss: list[str]) -> str:
+    parts = [sweep_table(s)]
+    for r in s["rows"]:
+        if r["source"]:
+            parts.append(f'<p class="note">{_e(r["cell"])}: {_e(r["source"])}</p>')
+    if image:
+        data = base64.b64encode(image).decode()
+        parts.append(f'<h2>Loss over steps, every cell</h2><img alt="loss of every cell" data-plot="sweep-loss" '
+                     f'title="{_e(image_name)}" src="data:image/png;base64,{data}">')
+    if no_loss:
+        parts.append(f'<p class="note" data-k="no_loss">no loss lines in the log of: {_e(", ".join(no_loss))} '
+                     "(rgt_job.log_patterns sets the patterns)</p>")
+    return page(f"sweep {s['sweep']}", parts, s["glance"], generated)
+
+
 # ---------------------------------------------------------------- gathering and writing
 
 def teardown_time(ledger: Path, host: str) -> float | None:
@@ -511,6 +642,42 @@ def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: f
     return {"run_id": run_id, "html": str(html_path), "pngs": written, "glance": line, "hosts": facts_by_host}
 
 
+def write_sweep_report(root: Path, ledger: Path, roster: dict, docs: list[dict], now: float | None = None,
+                       down: set[str] | frozenset = frozenset()) -> dict:
+    """Write runs/<sweep>/report.html (+ report-loss.png) for a sweep: a row per cell of its roster and every cell's
+    loss in one figure; and runs/<cell>/<host>.report.json per cell seen (read back when the box is gone)."""
+    now = time.time() if now is None else now
+    name = roster["sweep"]
+    out = root / name
+    cells = roster.get("cells") or []
+    verified = {c["id"]: verified_marker(root, c["id"], c["host"]) for c in cells}
+    teardown = {h: teardown_time(ledger, h) for h in sorted({c["host"] for c in cells})}
+    s = sweep_facts(roster, docs, now=now, teardown_at=teardown, verified=verified, down=down)
+    by_cell = {(d.get("host"), d.get("run_id")): d for d in docs}
+    cell_docs, hosts = {}, {}
+    for row in s["rows"]:
+        doc = by_cell.get((row["host"], row["cell"]))
+        if doc is None:
+            continue
+        cell_docs[row["cell"]] = doc
+        hosts.setdefault(row["host"], {})[row["cell"]] = row["facts"]
+        atomic_write_json(root / row["cell"] / f"{row['host']}.report.json",
+                          {"schema": "rgt/report-data/v1", "run_id": row["cell"], "sweep": name, "saved_at": now,
+                           "doc": doc, "facts": row["facts"]})
+    written, image = [], None
+    fig = sweep_loss_figure(s["rows"], cell_docs, f"sweep {name}: loss over steps, one line per cell")
+    if fig is not None:
+        image = _png(fig)
+        atomic_write_bytes(out / "report-loss.png", image)
+        written.append(str(out / "report-loss.png"))
+    no_loss = [c for c, d in cell_docs.items() if not cell_curve(d)[0]]
+    html_path = out / "report.html"
+    atomic_write_bytes(html_path, sweep_page(s, image, "report-loss.png", now, no_loss).encode())
+    rows = [{k: v for k, v in r.items() if k != "facts"} for r in s["rows"]]
+    return {"sweep": name, "run_id": name, "html": str(html_path), "pngs": written, "glance": s["glance"],
+            "hosts": hosts, "cells": rows}
+
+
 SETTLED = ("finished", "failed", "dead")
 
 
@@ -520,22 +687,46 @@ def _settled(doc: dict | None, run_id: str | None) -> bool:
             and run_id is not None and doc.get("run_id") == run_id)
 
 
+def _runs_of(doc) -> dict[str, dict]:
+    """{run_id: document} over a host's status document and the other runs in it (a sweep host's other cells)."""
+    if not isinstance(doc, dict):
+        return {}
+    runs = (doc, *(doc.get("other_runs") or []))
+    return {str(r["run_id"]): r for r in runs if isinstance(r, dict) and r.get("run_id")}
+
+
+def _cells_of(host) -> list[str]:
+    """The run ids of a sweep host's cells (rgt.sweeps.expand), in roster order."""
+    return [c.get("run_id") for c in (host.recalled or {}).get("cells") or [] if isinstance(c, dict)]
+
+
+def _host_settled(host, doc: dict | None, extravars: dict) -> bool:
+    """Every run of the host settled in this document (a sweep host: every one of its cells)."""
+    if host.sweep:
+        cells, runs = _cells_of(host), _runs_of(doc)
+        return bool(cells) and all(_settled(runs.get(c), c) for c in cells)
+    return _settled(doc, _host_run_id(host, extravars))
+
+
 def build_reports(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path,
                   root: Path, only_run: str | None = None,
                   reuse_settled: bool = False) -> tuple[list[dict], dict[str, str]]:
-    """Poll the hosts once (monitor.yml) and write a report per run. Returns (reports, {host: why not}).
-    reuse_settled: a host whose last status in the ledger is a settled run with its history is not polled again
-    (after a pull: the run ended, nothing on the box can change its figures)."""
+    """Poll the hosts once (monitor.yml) and write a report per run, and one per sweep for the hosts that run a
+    sweep's cells. Returns (reports, {host (host:cell for a cell): why not}).
+    reuse_settled: a host whose last status in the ledger is a settled run with its history (a sweep host: every
+    cell) is not polled again (after a pull: the run ended, nothing on the box can change its figures)."""
     from rgt import status
 
     before = {h.name: read_json(ledger / "status" / f"{h.name}.json") for h in hosts}
-    reuse = {h.name for h in hosts if reuse_settled and _settled(before[h.name], _host_run_id(h, extravars))}
+    reuse = {h.name for h in hosts if reuse_settled and _host_settled(h, before[h.name], extravars)}
     to_poll = [h for h in hosts if h.name not in reuse]
     fresh = status.poll(args, console, to_poll, extravars, ledger) if to_poll else {}
     fresh.update({name: before[name] for name in reuse})
     by_run: dict[str, list[dict]] = {}
     skipped: dict[str, str] = {}
     for host in hosts:
+        if host.sweep:
+            continue
         doc = fresh.get(host.name) or {"host": host.name, "state": "error"}
         run_id = doc.get("run_id") or _host_run_id(host, extravars)
         if only_run and run_id != only_run:
@@ -547,7 +738,64 @@ def build_reports(args: argparse.Namespace, console: Console, hosts: list, extra
         chosen = {**chosen, "host": host.name, "run_id": chosen.get("run_id") or run_id}
         by_run.setdefault(run_id, []).append(chosen)
     reports = [write_report(root, ledger, run_id, docs) for run_id, docs in sorted(by_run.items())]
+    reports += sweep_reports(ledger, root, [h for h in hosts if h.sweep], fresh, before, skipped, only_run)
     return reports, skipped
+
+
+def _cell_doc(host: str, cell: str, doc: dict, prev: dict | None, root: Path) -> tuple[dict | None, str]:
+    """The document a cell's row uses: the box's fresh one with its history, else the newest data saved about the
+    cell (best_doc); (None, why) when there is none."""
+    now_doc = _runs_of(doc).get(cell) or {"host": host, "state": doc.get("state"),
+                                          "error": doc.get("error") or "no status of this cell from the box"}
+    chosen = best_doc({**now_doc, "host": host}, _runs_of(prev).get(cell), _saved(root, cell, host))
+    if chosen is None:
+        return None, f"{now_doc.get('state')}: {now_doc.get('error') or 'no history from the box'}"
+    return {**{k: v for k, v in chosen.items() if k != "other_runs"}, "host": host, "run_id": cell}, ""
+
+
+def _roster_of(project: str, name: str, members: list) -> dict:
+    """A sweep's cells from its hosts, when the ledger keeps no roster of it (another ledger): the params are read
+    back from the cell ids (`<name>--k=v--k=v`, rgt_sweep's rule)."""
+    cells = []
+    for host in members:
+        for cell in _cells_of(host):
+            rest = cell[len(name) + 2:].split("--") if cell.startswith(name + "--") else []
+            cells.append({"id": cell, "host": host.name, "params": dict(p.split("=", 1) for p in rest if "=" in p)})
+    return {"sweep": name, "project": project, "cells": cells}
+
+
+def sweep_reports(ledger: Path, root: Path, hosts: list, fresh: dict, before: dict, skipped: dict[str, str],
+                  only_run: str | None = None) -> list[dict]:
+    """One report per sweep of these (sweep) hosts, over the cells of its roster (`<ledger>/sweeps/`). A cell on a
+    host outside this play (--limit) is shown from the ledger's last status of that host or the last report, else
+    as missing; a cell of a host in the play with no data at all goes into `skipped` as host:cell."""
+    from rgt import sweeps
+
+    groups: dict[tuple[str, str], list] = {}
+    for host in hosts:
+        groups.setdefault((sweeps.project_of(host), host.sweep), []).append(host)
+    reports = []
+    for (project, name), members in sorted(groups.items()):
+        roster = sweeps.read_roster(ledger, project, name) or _roster_of(project, name, members)
+        if only_run and only_run != name and only_run not in {c["id"] for c in roster.get("cells") or []}:
+            continue
+        here = {h.name for h in members}
+        docs, down = [], set()
+        for cell in roster.get("cells") or []:
+            host = cell["host"]
+            if host in here:
+                doc, prev = fresh.get(host) or {"host": host, "state": "error"}, before.get(host)
+            else:
+                doc, prev = {"host": host, "state": "outside this play"}, read_json(ledger / "status" / f"{host}.json")
+            chosen, why = _cell_doc(host, cell["id"], doc, prev, root)
+            if chosen is not None:
+                docs.append(chosen)
+            elif host in here:
+                skipped[f"{host}:{cell['id']}"] = why
+                if doc.get("state") == "unreachable":
+                    down.add(host)
+        reports.append(write_sweep_report(root, ledger, roster, docs, down=down))
+    return reports
 
 
 def print_reports(console: Console, reports: list[dict], skipped: dict[str, str]) -> None:
@@ -563,6 +811,9 @@ def after_pull(args: argparse.Namespace, console: Console, hosts: list, extravar
     """The report beside a verified pull. Never raises: a report that cannot be written is a warning."""
     if not hosts:
         return []
+    for host in hosts:  # the pull pointed a sweep host at the cell it pulled last; the status looks at its first
+        if host.sweep and (host.recalled or {}).get("cells"):
+            host.recalled = {**host.recalled, "job": host.recalled["cells"][0]}
     try:
         reports, skipped = build_reports(args, console, hosts, extravars, ledger, root, reuse_settled=True)
         print_reports(console, reports, skipped)
@@ -577,7 +828,8 @@ def after_pull(args: argparse.Namespace, console: Console, hosts: list, extravar
 # ---------------------------------------------------------------- command line
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run", metavar="RUN", help="only this run id (default: every run of the inventory)")
+    p.add_argument("--run", metavar="RUN", help="only this run id, or this sweep (a cell id names its sweep) "
+                   "(default: every run of the inventory)")
     p.add_argument("--runs-dir", dest="runs_dir", metavar="DIR",
                    help="where reports land, beside the pulled results (default $RGT_RUNS_DIR or ./runs)")
 
@@ -596,8 +848,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     hosts, extravars = status._prepare(args)
     ledger = ledger_dir(getattr(args, "ledger", None))
     root = runs_dir(getattr(args, "runs_dir", None))
-    if only and not any(_host_run_id(h, extravars) == only for h in hosts):
-        known = sorted({r for r in (_host_run_id(h, extravars) for h in hosts) if r})
+    runs = {r for h in hosts for r in (_host_run_id(h, extravars), h.sweep, *(_cells_of(h) if h.sweep else ())) if r}
+    if only and only not in runs:
+        known = sorted({r for h in hosts for r in ((h.sweep,) if h.sweep else (_host_run_id(h, extravars),)) if r})
         raise errors.InputError(f"--run {only} is no run of this inventory",
                                 fix=f"one of: {', '.join(known) or '(none: give the job spec)'}", field="--run")
     reports, skipped = build_reports(args, console, hosts, extravars, ledger, root, only)

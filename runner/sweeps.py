@@ -150,7 +150,8 @@ def host_share(item: dict, host: str, retry: list[str] | None = None) -> dict:
     cells = [{"id": c["id"], "command": c["command"], "env": c["env"], "params": c["params"]}
              for c in item["roster"]["cells"] if c["host"] == host]
     return {"name": item["sweep"], "cells": cells, "slots": item["slots"][host], "roster": item["roster"],
-            "retry": list(retry or []), "poll_s": item["job"]["sweep"].get("poll_s") or 1.0}
+            "retry": list(retry or []), "poll_s": item["job"]["sweep"].get("poll_s") or 1.0,
+            "parallel": item["job"]["sweep"].get("parallel")}
 
 
 def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
@@ -202,9 +203,9 @@ def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only
         primitive = ((host.profile or {}).get("detach") or {}).get("primitive")
         if sweep_job(host) and not paths.module_util("rgt_registry").runs_sweeps(primitive):
             raise InputError(f"host '{host.name}': its profile launches with {primitive}, which does not run sweeps "
-                             "yet (Slurm job arrays and Kubernetes sweeps are not built)",
-                             fix="run the sweep on hosts whose profile detaches with tmux or nohup, or run each "
-                                 "cell as a job of its own", field="rgt_job.sweep")
+                             "(Kubernetes sweeps are not built)",
+                             fix="run the sweep on hosts whose profile detaches with tmux, nohup or sbatch, or run "
+                                 "each cell as a job of its own", field="rgt_job.sweep")
     items = plan(hosts, ledger)
     if plan_only:
         return items

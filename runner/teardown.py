@@ -126,9 +126,13 @@ def assess(inst: Instance, look, runs: Path, lib) -> dict:
         first = next((m for o in bad if o for m in o.messages if m), "the listing play returned nothing")
         item.update(status=status, reasons=[f"could not list the runs on the box: {first.splitlines()[0]}"])
         return item
-    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, [r["box"] for r in listed.values()], str(runs),
-                          inst.profile, lib, unlisted=unlisted)
+    boxes = [r["box"] for r in listed.values()]
+    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, boxes, str(runs), inst.profile, lib,
+                          unlisted=unlisted)
     item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
+    if item["verb"] == "scancel":  # the cluster's meter is its jobs: the same list the module cancels
+        item["slurm_jobs"] = [j["job_id"] for j in paths.module_util("rgt_slurm").teardown_jobs(inst.instance_id,
+                                                                                                 boxes)]
     return item
 
 
@@ -162,6 +166,9 @@ def render_plan(console: Console, item: dict) -> None:
                       "every disk listed below are destroyed for good; nothing can bring them back.")
     if item["deletes"]:
         console.print("  deletes: " + escape(", ".join(item["deletes"])))
+    if item.get("slurm_jobs"):
+        console.print("  cancels the Slurm jobs (each that is still queued or running): "
+                      + escape(", ".join(item["slurm_jobs"])))
     for line in item["keeps_billing"]:
         console.print(f"  [yellow]keeps billing:[/yellow] {escape(line)}")
     for line in item["clocks"]:

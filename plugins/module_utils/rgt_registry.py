@@ -38,14 +38,15 @@ class Entry(object):
     runs_on: where it acts (box, login node, controller). binaries: programs it needs there, on PATH.
     env: environment variables it needs on the controller (a ``<field>`` names the profile field that holds the
     name). profile_fields / job_fields: what it reads from the profile / the job spec. instead: what to use while
-    it is not built. client_class: for an API verb, its client class in rgt_cloud. sweeps: a detach primitive
-    that runs a sweep's queue on the box (rgt_launch ``launch_queue``)."""
+    it is not built. client_class: for an API verb, its client class in rgt_cloud. sweeps: how a detach
+    primitive runs a sweep (rgt_launch): "queue" (a queue on the box starts the cells as slots free), "array" (one
+    scheduler job array per launch), None (it runs no sweeps)."""
 
     __slots__ = ("name", "what", "built", "impl", "runs_on", "binaries", "env", "profile_fields", "job_fields",
                  "instead", "client_class", "sweeps")
 
     def __init__(self, name, what, built, impl=None, runs_on="box", binaries=(), env=(), profile_fields=(),
-                 job_fields=(), instead=None, client_class=None, sweeps=False):
+                 job_fields=(), instead=None, client_class=None, sweeps=None):
         self.name = name
         self.what = what
         self.built = built
@@ -82,12 +83,13 @@ _API_ENV = ("<meter_stop.api.key_env>",)
 
 DETACH_PRIMITIVES = (
     Entry("tmux", "a tmux session on the box, named after the run (rgt-<project>/<run_id>)", True, impl="tmux",
-          binaries=("tmux",), sweeps=True),
+          binaries=("tmux",), sweeps="queue"),
     Entry("nohup", "a new session (setsid, stdin /dev/null, output to logs/wrapper.log): no hangup reaches it",
-          True, impl="nohup", sweeps=True),
+          True, impl="nohup", sweeps="queue"),
     Entry("sbatch", "a Slurm batch job submitted from the login node; the wrapper runs inside the allocation",
           True, impl="sbatch", runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
-          profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",)),
+          profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",),
+          sweeps="array"),
     Entry("k8s-job", "a Kubernetes Job from generated manifests, the wrapper as the container's entrypoint", False,
           runs_on="controller", binaries=("kubectl",), env=("KUBECONFIG",), profile_fields=("roots.durable (the PVC)",),
           job_fields=("k8s", "python", "gpu.count", "env", "secrets"),
@@ -128,7 +130,7 @@ AUTO_MEANS = ("tmux", "nohup")  # (primitive, fallback)
 
 
 def runs_sweeps(primitive):
-    """Whether a profile's detach primitive (or auto) runs a sweep's queue on the box."""
+    """Whether a profile's detach primitive (or auto) runs a sweep."""
     entry = detach(AUTO_MEANS[0] if primitive == AUTO else primitive)
     return bool(entry is not None and entry.sweeps)
 

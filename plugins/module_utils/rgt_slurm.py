@@ -283,6 +283,33 @@ def batch_script(python, wrapper, run_dir, detach):
     return "\n".join(lines) + "\n"
 
 
+def teardown_jobs(instance_id, box_runs):
+    """The Slurm jobs a scancel teardown ends: the instance id, then the job each run on the box submitted through
+    sbatch (.rgt/slurm.json; a sweep cell's array task as <array id>_<i>; a job still queued or running would go on
+    billing the allocation), each once: [{job_id, argv}]. The runner shows the same list before the confirmation."""
+    ids = [instance_id] + [run.get("slurm_job_id") for box in box_runs or [] if isinstance(box, dict)
+                           for run in box.get("runs") or [] if isinstance(run, dict)]
+    out = []
+    for job_id in ids:
+        if job_id and str(job_id) not in [j["job_id"] for j in out]:
+            out.append({"job_id": str(job_id), "argv": ["scancel", str(job_id)]})
+    return out
+
+
+def array_script(python, detach):
+    """The batch script of a sweep's job array: task i runs the cell on line i+1 of the list file given as its
+    argument ($1): cd to its run dir, then `exec` its wrapper (so B: signals reach the wrapper), as batch_script."""
+    from shlex import quote
+    return "\n".join([
+        "#!/bin/bash",
+        "# written by rgt (rgt_launch, a sweep under detach sbatch): array task i runs line i+1 of the list",
+        'RUN_DIR=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$1")',
+        '[ -n "$RUN_DIR" ] || { echo "no cell for array task $SLURM_ARRAY_TASK_ID in $1" >&2; exit 97; }',
+        'cd "$RUN_DIR" || exit 97',
+        "export RGT_DETACH=%s" % quote(detach),
+        'exec %s "$RUN_DIR/.rgt/wrapper.py" "$RUN_DIR"' % quote(python)]) + "\n"
+
+
 def observe(run_dir, run=run_argv):
     """Slurm's view of a run's job for status, or None when the run was never submitted through Slurm (no
     .rgt/slurm.json). {job_id, known (True / False: Slurm no longer knows the id / None: it could not say), error,

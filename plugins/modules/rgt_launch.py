@@ -126,12 +126,15 @@ options:
         C(name) (the sweep, a plain name), C(cells) (C([{id, command, env, params}]), in roster order, each an
         ordinary run C(active/<id>)), C(slots) (C(CUDA_VISIBLE_DEVICES) of each slot, e.g. C(["0", "1"])),
         C(roster) (written to C(<durable_root>/<project>/sweeps/<name>/roster.json)), C(retry) (failed cells to
-        run once more), C(poll_s).
+        run once more), C(poll_s), C(parallel) (under sbatch the array's throttle).
       - Writes C(job.json) of each cell that may start (never ran, preempted, killed, dead; failed only when in
         C(retry)), never touching a live or finished cell, then C(.rgt/queue.json) of the sweep (a new
         generation) and starts the sweep's queue (O(queue_content), C(.rgt/queue.py)) under O(detach) when it is
-        not running. The queue starts each cell's wrapper on a free slot, never twice. Only tmux and nohup run
-        sweeps (C(rc_hint=2) otherwise). O(code_dir) is the sweep's own C(code-<hash8>), uploaded once per box.
+        not running. The queue starts each cell's wrapper on a free slot, never twice. Under detach sbatch the
+        cells that may start go as one Slurm job array instead (C(--array=0-<n-1>%<parallel>), task i execs the
+        wrapper of line i+1 of C(.rgt/array-<k>.list)); each cell's C(.rgt/slurm.json) records its task
+        C(<array id>_<i>), and a cell whose task is pending or running is never submitted again. Other primitives
+        do not run sweeps (C(rc_hint=2)). O(code_dir) is the sweep's own C(code-<hash8>), uploaded once per box.
     type: dict
   queue_content:
     description: Source of the sweep queue (the role's C(files/rgt_queue.py)), installed as
@@ -570,9 +573,86 @@ def launch_queue(module, entry, python, script, sweep_dir, session, result):
         log.close()
 
 
+def slurm_live(module, paths, result):
+    """Slurm's view of a cell's array task when it is pending or running, else None; fails, submitting nothing,
+    when Slurm cannot say."""
+    record = rgt_slurm.read_record(paths.meta) or {}
+    if not record.get("job_id"):
+        return None
+    seen = rgt_slurm.show_job(record["job_id"])
+    if seen["known"] is None:
+        module.fail_json(msg="Slurm could not say whether job %s of %s still runs (%s): nothing was submitted; try "
+                             "again when slurmctld answers" % (record["job_id"], paths.run_id, seen["error"]),
+                         **result)
+    return seen["view"] if seen["known"] and not rgt_slurm.ended(seen["view"]["state"]) else None
+
+
+def submit_array(module, entry, python, sweep_dir, name, cells, throttle, result):
+    """Submit the cells that may start as one Slurm job array from the login node: task i runs cell i of
+    .rgt/array-<n>.list (the batch script execs that cell's wrapper, so B: signals reach it), at most `throttle`
+    at once (%N), with the job spec's resources per task. Each cell's .rgt/slurm.json records its task as
+    `<array id>_<i>` (status, relaunch and teardown read it like any run's job)."""
+    if not cells:
+        return
+    p = module.params
+    spec = p["job"].get("slurm") or {}
+    if not isinstance(spec, dict):
+        module.fail_json(msg="rgt_job.slurm must be a mapping: nothing was submitted", rc_hint=2, **result)
+    meta = os.path.join(sweep_dir, ".rgt")
+    serial = len([n for n in os.listdir(meta) if n.startswith("array-") and n.endswith(".list")]) + 1
+    listing = os.path.join(meta, "array-%d.list" % serial)
+    rl.atomic_write(listing, ("\n".join(paths.run_dir for _c, paths in cells) + "\n").encode("utf-8"), 0o644)
+    script = os.path.join(meta, "array.sh")
+    install(script, rgt_slurm.array_script(python, entry.name), 0o755)
+    argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, "rgt-%s-%s" % (p["project"], name),
+                                 os.path.join(sweep_dir, "logs", "slurm-%A_%a.out"), sweep_dir, p["grace_s"],
+                                 spec.get("requeue", True) is not False, spec)
+    array = "--array=0-%d%s" % (len(cells) - 1, "%%%d" % int(throttle) if throttle else "")
+    argv = argv[:-1] + [array, script, listing]
+    rc, out, err = rgt_slurm.run_argv(argv, timeout=60)
+    job_id = rgt_slurm.parse_submit(out) if rc == 0 else None
+    if not job_id:
+        module.fail_json(msg="sbatch refused the array of sweep %s (rc %s): %s" % (name, rc, (err or out).strip()),
+                         sbatch_argv=argv, **result)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for index, (_cell, paths) in enumerate(cells):
+        record = rgt_slurm.read_record(paths.meta) or {}
+        task = "%s_%d" % (job_id, index)
+        submits = list(record.get("submits") or []) + [{"job_id": task, "submitted_at": at}]
+        rl.atomic_write_json(rgt_slurm.record_path(paths.meta), {
+            "job_id": task, "array_job_id": job_id, "array_task": index, "job_name": argv[2][len("--job-name="):],
+            "comment": sweep_dir, "argv": argv, "submits": submits})
+    result.update(changed=True, slurm_job_id=job_id, sbatch_argv=argv)
+
+
+def report_array(module, name, views, result):
+    """The cells of a sweep run as a Slurm array, as Slurm and their records say now; exits the module."""
+    counts = {}
+    for cell, paths, _state, _attempt in views:
+        records = rl.read_jsonl(paths.attempts)
+        attempt = len([r for r in records if "started_at" in r])
+        live = slurm_live(module, paths, result)
+        state = ("queued" if live["state"] in rgt_slurm.PENDING else "running") if live else \
+            {"never": "not_started", "killed": "dead"}.get(rl.last_state(records, rl.read_json(paths.exit)),
+                                                            rl.last_state(records, rl.read_json(paths.exit)))
+        counts[state] = counts.get(state, 0) + 1
+        result["cells"].append({"run_id": cell["id"], "state": state, "attempt": attempt, "run_dir": paths.run_dir,
+                                "slurm_job_id": (rgt_slurm.read_record(paths.meta) or {}).get("job_id")})
+    settled = not counts.get("queued") and not counts.get("running")
+    result.update(state="finished" if counts.get("finished") == len(views) else "running" if not settled else
+                  "failed" if counts.get("failed") else "preempted" if counts.get("preempted") else "not_started",
+                  action="launch" if result.get("slurm_job_id") else "none",
+                  msg="sweep %s as a Slurm array: %s%s" % (name, ", ".join("%d %s" % (n, s) for s, n in
+                                                                           sorted(counts.items())),
+                                                           " (array job %s submitted now)" % result["slurm_job_id"]
+                                                           if result.get("slurm_job_id") else ""))
+    module.exit_json(**result)
+
+
 def launch_sweep(module, root, python, inc):
     """This host's cells of a sweep: each cell is an ordinary run (active/<cell id>) with its own job.json; a queue
-    per sweep on this box (files/rgt_queue.py, under the sweep's own flock) starts them as slots free. Live and
+    per sweep on this box (files/rgt_queue.py, under the sweep's own flock) starts them as slots free, or, under
+    detach sbatch, one Slurm job array per launch runs the cells that may start. Live (or pending in Slurm) and
     finished cells are never touched; a failed cell is left failed unless named in `sweep.retry`."""
     p = module.params
     sweep = p["sweep"]
@@ -590,9 +670,11 @@ def launch_sweep(module, root, python, inc):
     session = rl.session_name(p["project"], name + "--queue")
     result = dict(changed=False, run_dir=sweep_dir, sweep_dir=sweep_dir, session=session, detach=None,
                   action="none", attempt=None, exit=None, code_dir=None, omp_num_threads=None, cells=[])
+    requested = rgt_registry.detach(p["detach"])  # None for auto (tmux, else nohup)
+    array = requested is not None and requested.sweeps == "array"  # a Slurm job array instead of a queue
     if not rgt_registry.runs_sweeps(p["detach"]):
-        module.fail_json(msg="rgt_job.sweep: detach %s does not run a sweep's queue (rgt_registry: sweeps). Fix: "
-                             "run the sweep on a profile that detaches with tmux or nohup, or each cell as a job of "
+        module.fail_json(msg="rgt_job.sweep: detach %s does not run sweeps (rgt_registry: sweeps). Fix: run the "
+                             "sweep on a profile that detaches with tmux, nohup or sbatch, or each cell as a job of "
                              "its own" % p["detach"], field="rgt_job.sweep", rc_hint=2, **result)
     retry = set(sweep.get("retry") or [])
     unknown = sorted(retry - set(c.get("id") for c in cells))
@@ -610,6 +692,8 @@ def launch_sweep(module, root, python, inc):
             if problem:
                 module.fail_json(msg="nothing launched: rgt_job.sweep env: %s" % problem, rc_hint=2, **result)
         state, attempt = cell_view(paths, inc)
+        if array and state != "live" and slurm_live(module, paths, result):
+            state = "live"  # its array task is pending or running: never submitted twice
         views.append((cell, paths, state, attempt))
 
     code_dir = rl.expand_root(p["code_dir"]) if p["code_dir"] else None
@@ -640,6 +724,8 @@ def launch_sweep(module, root, python, inc):
         omp = None
     if omp:  # the box's CPUs are shared by the cells that run at once
         omp = max(1, omp // len(slots))
+    if array:  # each array task gets its own allocation: the login node's CPUs say nothing
+        omp = (job.get("slurm") or {}).get("cpus_per_task") or None
     entry = choose_detach(module, p["detach"], p["detach_fallback"], result)
     queue_alive = rl.lock_held(os.path.join(meta, "queue.lock"))  # for check mode; looked at again before a start
     result.update(detach=entry.name, code_dir=code_dir, omp_num_threads=omp)
@@ -675,6 +761,10 @@ def launch_sweep(module, root, python, inc):
         if state == "failed":
             rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
                                  {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    if array:
+        submit_array(module, requested, python, sweep_dir, name, [(c, pa) for c, pa, _s, _a in to_write],
+                     sweep.get("parallel"), result)
+        report_array(module, name, views, result)
     script = os.path.join(meta, "queue.py")
     install(script, p["queue_content"], 0o755)
     install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)

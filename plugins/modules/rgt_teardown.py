@@ -201,7 +201,13 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_gate, rgt_manifest, rgt_registry
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
+    rgt_cloud,
+    rgt_gate,
+    rgt_manifest,
+    rgt_registry,
+    rgt_slurm,
+)
 
 
 def check_gate(p):
@@ -305,22 +311,10 @@ def stop_none(module, p, api, record, extra, base, gate):
     return False
 
 
-def slurm_jobs(instance_id, box_runs):
-    """The Slurm jobs a scancel teardown ends: the instance id, then the job each run on the box submitted through
-    sbatch (.rgt/slurm.json; a job still queued or running would go on billing the allocation), each once."""
-    ids = [instance_id] + [run.get("slurm_job_id") for box in box_runs or [] if isinstance(box, dict)
-                           for run in box.get("runs") or [] if isinstance(run, dict)]
-    out = []
-    for job_id in ids:
-        if job_id and str(job_id) not in [j["job_id"] for j in out]:
-            out.append({"job_id": str(job_id), "argv": ["scancel", str(job_id)]})
-    return out
-
-
 def stop_scancel(module, p, api, record, extra, base, gate):
     """The role runs each command on the login node and watches each job end."""
     record.update(final_state="scancel requested on the login node", at=_now())
-    extra["remote_jobs"] = slurm_jobs(p["instance_id"], p["box_runs"])
+    extra["remote_jobs"] = rgt_slurm.teardown_jobs(p["instance_id"], p["box_runs"])
     return True
 
 

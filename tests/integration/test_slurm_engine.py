@@ -9,7 +9,10 @@ root. One `rgt-run train` submits three runs of examples/tiny_train at once:
   and a second launch finds the pending job and submits nothing;
 - `timeout`: `--time=1` (rgt_job.slurm.time): Slurm's B:TERM warning reaches the wrapper, the job checkpoints, and
   status says timeout with the advice to checkpoint before the limit (exit 5). Costs up to ~60 s, concurrent with
-  the others.
+  the others;
+- `sweep`: a 4-cell sweep goes as one job array (`--array=0-3%2`, the throttle from sweep.parallel), each task
+  running its cell's wrapper; status tallies the cells against the roster, a second launch submits nothing, and
+  `rgt-run pull` verifies every cell.
 
 Needs root (start-slurm.sh). Run: pytest -m slurm tests/integration/test_slurm_engine.py
 """
@@ -55,6 +58,9 @@ class Login:
             "timeout": job("timeout", "python3 train.py --steps 100000 --ckpt-every 50 --sleep 0.05",
                            {"time": "1", "cpus_per_task": 1}),
         }
+        jobs["sweep"] = {**job("arr", "python3 train.py --steps 60 --ckpt-every 10 --sleep 0.02",
+                               {"cpus_per_task": 1, "time": "10"}),
+                         "sweep": {"matrix": {"seed": [1, 2, 3, 4]}, "args": "--seed {seed}", "parallel": 2}}
         hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": str(PY), "rgt_profile": "slurm",
                         "rgt_instance_id": "login-1", "rgt_project": "proj", "rgt_durable_root": str(self.durable),
                         "rgt_shared_volume": True, "rgt_job": spec} for name, spec in jobs.items()}
@@ -115,7 +121,7 @@ def login(slurm, tmp_path_factory):  # noqa: F811 (slurm: the cluster fixture im
     print(f"train of 3 runs through sbatch: {time.monotonic() - t0:.1f} s")
     node.train = (rc, doc, err)
     yield node
-    for name in ("requeue", "pending", "timeout"):
+    for name in ("requeue", "pending", "timeout", "arr"):
         subprocess.run(["scancel", "-n", f"rgt-proj-{name}"], capture_output=True)
 
 
@@ -199,3 +205,28 @@ def test_a_job_that_reaches_its_time_limit_is_timeout_with_the_advice_to_checkpo
     # the wrapper got Slurm's warning (B:TERM before the limit) and the job saved a checkpoint on it
     assert "preempted: checkpoint" in (login.run_dir("timeout") / "logs" / "job.log").read_text()
 
+
+
+def test_a_sweep_runs_as_one_job_array_throttled_and_every_cell_is_pulled_verified(login):
+    report = login.train[1]["hosts"]["sweep"]["launch_detached"]
+    cells = {c["run_id"]: c for c in report["cells"]}
+    assert sorted(cells) == [f"arr--seed={n}" for n in (1, 2, 3, 4)], report
+    array = report["slurm_job_id"]
+    assert sorted(c["slurm_job_id"] for c in cells.values()) == [f"{array}_{i}" for i in range(4)]
+    record = json.loads((login.run_dir("arr--seed=1") / ".rgt" / "slurm.json").read_text())
+    assert "--array=0-3%2" in record["argv"] and "--cpus-per-task=1" in record["argv"], record["argv"]
+    rc, doc, err = wait_until(lambda: (lambda r: r if r[1]["sweeps"] and r[1]["sweeps"][0]["done"] else None)(
+        login.rgt("status", "-l", "sweep")), 180, "every cell of the array to finish")
+    assert rc == 0 and doc["sweeps"][0]["counts"] == {"finished": 4}, doc["sweeps"]
+    for name in cells:
+        (start,) = [a for a in login.attempts(name) if "started_at" in a]
+        assert start["detach"] == "sbatch" and start["slurm_job_id"], start  # each task ran its own cell once
+    assert "--seed 3" in json.loads((login.run_dir("arr--seed=3") / ".rgt" / "job.json").read_text())["command"]
+    rc, again, err = login.rgt("playbooks/launch_detached.yml", "-l", "sweep")
+    assert rc == 0, err[-2000:]
+    assert again["hosts"]["sweep"]["launch_detached"]["action"] == "none"  # finished cells: nothing submitted
+    runs = login.root / "runs"
+    rc, doc, err = login.rgt("pull", "-l", "sweep", "--runs-dir", str(runs), timeout=600)
+    assert rc == 0, err[-3000:]
+    pulled = doc["hosts"]["sweep"]["cells"]
+    assert sorted(pulled) == sorted(cells) and all(c["verified"] for c in pulled.values()), pulled

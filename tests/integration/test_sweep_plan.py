@@ -1,6 +1,6 @@
 """`rgt-run train -C` with a job that declares a sweep: every cell (its run id, args and env) and the host each goes
 to, computed here (no box contacted); a sweep the rules refuse exits 2 naming the field; a sweep on a profile whose
-detach primitive has no sweep queue (Slurm: job arrays are not built) is refused before anything is touched."""
+detach primitive runs no sweeps (Kubernetes) is refused before anything is touched."""
 
 import json
 
@@ -56,10 +56,9 @@ def test_a_cell_value_that_cannot_name_a_run_is_refused_naming_the_field(rgt, tm
 
 
 def test_a_sweep_on_a_profile_that_cannot_queue_it_is_refused_before_any_box(rgt, tmp_path):
-    hosts = {"login-1": {"ansible_host": "127.0.0.1", "ansible_port": 1, "rgt_profile": "slurm",
-                         "rgt_instance_id": "cluster-1"}}
+    hosts = {"ns-1": {"ansible_connection": "local", "rgt_profile": "kubernetes", "rgt_instance_id": "ns-1"}}
     inv = write_inventory(tmp_path / "inv", hosts)
     result = rgt("train", "-i", inv, "-e", json.dumps(sweep_job(tmp_path)), "--json", timeout=120)
     assert result.rc == 2, result.stdout + result.stderr
-    assert result.doc["field"] == "rgt_job.sweep" and "sbatch" in result.doc["error"]
+    assert result.doc["field"] == "rgt_job.sweep" and "k8s-job" in result.doc["error"]
     assert not (rgt.ledger / "events").exists()

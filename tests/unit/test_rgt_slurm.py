@@ -230,8 +230,7 @@ def test_the_instance_and_every_runs_queued_job_are_cancelled_once_each_in_one_o
 
 
 def test_the_teardown_cancels_the_instance_and_each_job_runs_on_the_box_submitted():
-    from ansible_collections.rgt.remote_gpu.plugins.modules.rgt_teardown import slurm_jobs
-
+    slurm_jobs = sl.teardown_jobs
     listing = {"runs": [{"run_id": "a", "slurm_job_id": "8"}, {"run_id": "b", "slurm_job_id": None},
                         {"run_id": "c", "slurm_job_id": "8"}, {"run_id": "d", "slurm_job_id": "12"}]}
     assert slurm_jobs("login-1", [listing, listing]) == [

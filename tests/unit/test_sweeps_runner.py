@@ -156,17 +156,24 @@ def test_prepare_gives_a_launching_play_each_hosts_share_and_other_plays_the_cel
     assert looked[1].recalled["job"]["run_id"] == "abl--seed=1" and not looked[1].overlay
 
 
-def test_prepare_refuses_a_sweep_on_a_profile_that_launches_with_sbatch(tmp_path):
-    slurm = {"detach": {"primitive": "sbatch", "fallback": None}}
-    hosts = [host("a", job()), host("login-1", job(), profile=slurm)]
+def test_prepare_refuses_a_sweep_on_a_profile_whose_primitive_runs_no_sweeps(tmp_path):
+    k8s = {"detach": {"primitive": "k8s-job", "fallback": None}}
+    hosts = [host("a", job()), host("ns-1", job(), profile=k8s)]
     with pytest.raises(InputError) as caught:
         sweeps.prepare("train", hosts, {}, tmp_path)
-    assert caught.value.field == "rgt_job.sweep" and "login-1" in caught.value.message
-    assert "sbatch" in caught.value.message
+    assert caught.value.field == "rgt_job.sweep" and "ns-1" in caught.value.message
+    assert "k8s-job" in caught.value.message
     assert not hosts[0].overlay and not (tmp_path / "sweeps").exists()  # nothing touched
     # the same profile without a sweep is none of this code's business
-    assert sweeps.prepare("train", [host("login-1", {"run_id": "x", "command": "true"}, profile=slurm)], {},
+    assert sweeps.prepare("train", [host("ns-1", {"run_id": "x", "command": "true"}, profile=k8s)], {},
                           tmp_path) == []
+
+
+def test_a_slurm_profile_runs_a_sweep_as_a_job_array(tmp_path):
+    slurm = {"detach": {"primitive": "sbatch", "fallback": None}}
+    hosts = [host("login-1", job(), profile=slurm)]
+    (item,) = sweeps.prepare("train", hosts, {}, tmp_path)
+    assert [c["id"] for c in hosts[0].overlay["rgt_sweep"]["cells"]] == [c["id"] for c in item["roster"]["cells"]]
 
 
 # ---------------------------------------------------------------- the tally

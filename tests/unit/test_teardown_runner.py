@@ -134,3 +134,20 @@ def test_interactive_typed_id_confirms_and_a_typo_refuses():
     ok, refused = td.confirmations(console, ready("pod-a", "pod-b"), [], interactive=True)
     assert ok == {"pod-a": True} and "pod-bb" in refused["pod-b"]
     assert console.file.getvalue().count("Type the instance id") == 2
+
+
+def test_a_slurm_plan_names_every_job_the_teardown_will_cancel_before_asking(tmp_path):
+    """The cluster's meter is its jobs: the plan lists the same jobs the module cancels (the instance id, each run's
+    sbatch job, each sweep cell's array task), once each, before any confirmation."""
+    box = empty_box("/shared")
+    box["runs"] = [{"project": "p", "run_id": run_id, "run_dir": f"/shared/p/active/{run_id}", "state": "failed",
+                    "attempt": 1, "export": {}, "slurm_job_id": job_id}
+                   for run_id, job_id in (("a", "41"), ("arr--seed=1", "42_0"), ("arr--seed=2", "42_1"),
+                                          ("b", "41"))]
+    item = td.assess(instance("slurm", "login-1"), looked({"h": {"already_gone": False, "box": box}}), tmp_path,
+                     td.manifest_lib())
+    assert item["slurm_jobs"] == ["login-1", "41", "42_0", "42_1"]
+    console = Typed([])
+    td.render_plan(console, item)
+    assert "cancels the Slurm jobs (each that is still queued or running): login-1, 41, 42_0, 42_1" in \
+        console.file.getvalue()
