@@ -170,7 +170,7 @@ def glance(docs: dict[str, dict], facts: dict[str, dict] | None = None, label: s
             continue
         text = f"{len(hosts)} {state.replace('_', ' ')}"
         if state in ("failed", "dead", "error"):
-            text += " (" + "; ".join(_why(h, docs[h]) for h in hosts) + ")"
+            text += " (" + "; ".join(why_failed(h, docs[h]) for h in hosts) + ")"
         parts.append(text)
     line = ", ".join(parts) + "; " + losses_and_cost(facts.values())
     return f"{label}: {line}" if label else line
@@ -189,7 +189,7 @@ def losses_and_cost(facts) -> str:
     return line
 
 
-def _why(host: str, doc: dict) -> str:
+def why_failed(host: str, doc: dict) -> str:
     exit_doc = (doc.get("evidence") or {}).get("exit") or {}
     bits = []
     if exit_doc.get("rc") is not None:

@@ -443,7 +443,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 schedule.done.add(name)
             elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
-        _watch_notify(notifier, docs, latest)
+        _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
         if to_resume:
             console.print(f"[yellow]relaunching[/yellow] preempted run(s) with auto_resume on: {', '.join(to_resume)}")
             rc = relaunch(args, console, to_resume, extravars=extravars, ledger=ledger,
@@ -469,7 +469,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
     tallies = sweep_tallies(console, ledger, hosts, latest) if latest else []
     code = exit_code(latest, tallies) if latest else code
-    summary = _watch_summary(latest)
+    summary = _watch_summary(latest, ledger, hosts)
     if summary:
         console.print(summary, highlight=False, markup=False)
     if notifier is not None:
@@ -484,13 +484,26 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
-def _watch_summary(latest: dict[str, dict]) -> str:
-    """The one-glance line (rgt.runreport.glance); empty when nothing was seen."""
+def _watch_summary(latest: dict[str, dict], ledger: Path | None = None, hosts: list | None = None) -> str:
+    """The one-glance line (rgt.runreport.glance); for hosts that run sweeps, each sweep's tally (a failed cell
+    with why: its exit code, a Traceback in its log) then the preemptions, compute lost and cost of every run;
+    empty when nothing was seen."""
     if not latest:
         return ""
-    from rgt import runreport
+    from rgt import runreport, sweeps
 
-    return runreport.glance(latest)
+    tallies = sweeps.tallies(ledger, hosts, every_run(latest)) if ledger is not None and hosts else []
+    if not tallies:
+        return runreport.glance(latest)
+    seen = [r for r in every_run(latest) if r.get("state") != "unreachable"]
+    docs = {(r.get("host"), r.get("run_id")): r for r in seen}
+
+    def why(cell: dict) -> str:
+        doc = docs.get((cell["host"], cell["id"]))
+        return runreport.why_failed(cell["id"], doc) if doc else cell["id"]
+
+    lines = [sweeps.tally_line(t, why) for t in tallies]
+    return "; ".join(lines) + "; " + runreport.losses_and_cost(runreport.run_facts(r) for r in seen)
 
 
 def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console):
@@ -501,7 +514,7 @@ def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console
     return notifier if notifier.active else None
 
 
-def _watch_notify(notifier, docs: dict[str, dict], latest: dict[str, dict]) -> None:
+def _watch_notify(notifier, docs: dict[str, dict], summary: str) -> None:
     """One pass per tick: the transitions in this tick's documents, each message carrying the summary of every
     host seen so far; then the deliveries due (bounded in time, never raising)."""
     if notifier is None:
@@ -510,7 +523,7 @@ def _watch_notify(notifier, docs: dict[str, dict], latest: dict[str, dict]) -> N
 
     try:
         facts = {h: runreport.run_facts(d) for h, d in docs.items() if d.get("state") != "unreachable"}
-        notifier.observe(docs, facts, _watch_summary(latest))
+        notifier.observe(docs, facts, summary)
         notifier.deliver()
     except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
         notifier.console.print(f"notify: skipped this tick ({type(exc).__name__}: {exc})",

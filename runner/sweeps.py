@@ -255,13 +255,14 @@ def tally(roster: dict, runs: list[dict], down: set[str] | frozenset = frozenset
             "counts": totals, "hosts": per_host, "done": bool(cells) and totals.get("finished") == len(cells)}
 
 
-def tally_line(t: dict) -> str:
-    """`sweep lr: 6/8 finished, 1 running, 1 failed (lr--seed=2)`."""
+def tally_line(t: dict, why=None) -> str:
+    """`sweep lr: 6/8 finished, 1 running, 1 failed (lr--seed=2)`; `why(cell)` may say more of a failed cell
+    (`lr--seed=2: exit 1, Traceback in log: ...`)."""
     parts = [f"{t['counts'].get('finished', 0)}/{t['total']} finished"]
     for state in TALLY_STATES[1:] + ("unreachable",):
         n = t["counts"].get(state)
         if n:
-            named = [c["id"] for c in t["cells"] if c["state"] == state]
+            named = [why(c) if why and state == "failed" else c["id"] for c in t["cells"] if c["state"] == state]
             parts.append(f"{n} {state}" + (f" ({', '.join(named[:3])}{' ...' if len(named) > 3 else ''})"
                                             if state in ("failed", "missing", "duplicate") else ""))
     return f"sweep {t['sweep']}: " + ", ".join(parts)

@@ -1,10 +1,11 @@
-"""A run preempted once, watched to the end, pulled and reported, with notifications, on this machine.
+"""A run preempted once, watched to the end, pulled and reported, with notifications, on a stub box.
 
-The real wrapper runs examples/tiny_train under tmux (connection local, a temp durable root, a private tmux
-server); `rgt-run watch` sees the preemption and relaunches it (auto_resume); `rgt-run pull` seals, pulls,
-verifies and writes the report beside the pull; the page is opened in a real headless browser (Debian's
-chromium). A local HTTP receiver stands in for Slack: it must get exactly one message per transition across
-three watch runs, and the webhook URL (a secret) must appear in no output and no file.
+`rgt-run train` ships examples/tiny_train to the runpod-like stub (real sshd, tmux, rsync) and the real wrapper
+runs it; the box is preempted mid-run (5 s grace) and started again; `rgt-run watch` sees the preemption and
+relaunches it (auto_resume); `rgt-run pull` seals, pulls, verifies and writes the report beside the pull; the page
+is opened in a real headless browser (Debian's chromium). A local HTTP receiver stands in for Slack: it must get
+exactly one message per transition across three watch runs, and the webhook URL (a secret) must appear in no output
+and no file, here or on the box.
 """
 
 import http.server
@@ -12,20 +13,20 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from clihelp import read_json, wait_for
+from conftest import stub_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny_train" / "train.py"
 RUN_ID = "rep-run"
+BOX_RUNS = "/workspace/rgt/active"
 SECRET = "XOXB-SECRET-7f3a9c"
 PRICE = 3.6
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -76,71 +77,71 @@ def fields(message):
 
 
 @pytest.fixture
-def lab(tmp_path):
-    durable = tmp_path / "durable"
-    run_dir = durable / "rgt" / "active" / RUN_ID
-    code = run_dir / "code-test"
-    code.mkdir(parents=True)
-    shutil.copy(TINY, code / "train.py")
-    tmux_dir = Path(tempfile.mkdtemp(prefix="rgt-tmux-", dir="/tmp"))  # short: a unix socket path
+def lab(tmp_path, stub_fleet):
+    """The runpod-like stub box (real sshd, tmux, rsync): a job priced and with notify rules, a local receiver."""
+    stub = stub_fleet["stubs"]["rp"]
     receiver = Receiver()
     events = tmp_path / "events.txt"
-    job = {"name": RUN_ID, "python": sys.executable, "auto_resume": True, "price_per_hour": PRICE,
-           "outputs": ["weights.bin", "metrics.json"],
-           "command": f"{sys.executable} train.py --steps 300 --ckpt-every 10 --sleep 0.05 --seed 7",
+    job = {"name": RUN_ID, "python": "/usr/bin/python3", "auto_resume": True, "price_per_hour": PRICE,
+           "code_dir": str(TINY.parent), "outputs": ["weights.bin", "metrics.json"],
+           "checkpoint": {"glob": "step_*.ckpt"}, "stall_after_s": 120, "disk_floor_gib": 0.01,
+           "command": "python3 train.py --steps 300 --ckpt-every 10 --sleep 0.05 --seed 7",
            "notify": [{"webhook_env": "RGT_TEST_WEBHOOK", "on": ["running", "preempted", "finished", "attention"]},
                       {"command": f"printf '%s\\n' \"$RGT_NOTIFY_EVENT\" >> {events}", "on": ["finished"]}]}
-    inv = tmp_path / "inv"
-    inv.mkdir()
-    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "rgt_profile": "local",
-        "rgt_instance_id": "localhost", "rgt_durable_root": str(durable), "rgt_job": job}}}}))
-    env = {"TMUX_TMPDIR": str(tmux_dir), "RGT_TEST_WEBHOOK": receiver.url, "RGT_RUNS_DIR": str(tmp_path / "runs")}
-    yield {"tmp": tmp_path, "run_dir": run_dir, "code": code, "inv": inv, "env": env, "receiver": receiver,
-           "events": events, "runs": tmp_path / "runs"}
+    env = {"RGT_TEST_WEBHOOK": receiver.url, "RGT_RUNS_DIR": str(tmp_path / "runs")}
+    yield {"tmp": tmp_path, "stub": stub, "fleet": stub_fleet, "job": job, "run_dir": f"{BOX_RUNS}/{RUN_ID}",
+           "env": env, "receiver": receiver, "events": events, "runs": tmp_path / "runs"}
     receiver.shutdown()
-    pid_doc = read_json(run_dir / ".rgt" / "pid") or {}
-    for key in ("wrapper_pid", "job_pid"):
-        try:
-            os.kill(int(pid_doc.get(key) or 0) or 999999999, signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-    subprocess.run(["tmux", "kill-server"], env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)}, capture_output=True)
-    shutil.rmtree(tmux_dir, ignore_errors=True)
+    stub.exec(["bash", "-c", f"pkill -f '[r]gt/active/{RUN_ID}' || true"], check=False)
 
 
+def on_box(lab, cmd) -> str:
+    return lab["stub"].exec(["bash", "-c", cmd], check=False).stdout
+
+
+def box_json(lab, path):
+    text = on_box(lab, f"cat {path} 2>/dev/null")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.stubs
 def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_transition(lab, rgt):
     env, receiver, run_dir = lab["env"], lab["receiver"], lab["run_dir"]
     outputs = []
+    inv = stub_inventory(lab["fleet"], ["rp"], lab["job"])
 
     def call(*args, timeout=180):
         res = rgt(*args, env=env, timeout=timeout)
         outputs.append(res.stdout + res.stderr)
         return res
 
-    launch = call("playbooks/launch_detached.yml", "-i", lab["inv"], "-e", f"launch_detached_code_dir={lab['code']}")
+    launch = call("playbooks/train.yml", "-i", inv, "-e", "rgt_skip_smoke=true", timeout=300)
     assert launch.rc == 0, launch.stdout + launch.stderr
-    ckpt = run_dir / "ckpt"
-    wait_for(lambda: (ckpt / "step_00000030.ckpt").exists(), 60, "the third checkpoint")
+    ckpt = f"{run_dir}/ckpt"
+    wait_for(lambda: on_box(lab, f"test -e {ckpt}/step_00000030.ckpt && echo y").strip(), 90,
+             "the third checkpoint", interval=0.5)
 
-    first = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "1", "--json")
-    assert first.rc == 0 and first.doc["hosts"]["box"]["state"] == "running", first.stderr
+    first = call("watch", "-i", inv, "--interval", "1", "--max-ticks", "1", "--json")
+    assert first.rc == 0 and first.doc["hosts"]["rp"]["state"] == "running", first.stderr
     assert [fields(m)["state"] for m in receiver.messages] == ["running"]
 
-    # the box goes away mid-run: SIGTERM to the wrapper (the job checkpoints and stops), and the newest
-    # checkpoints are lost with it, so the relaunch resumes from step 20 and recomputes what came after
-    os.kill(read_json(run_dir / ".rgt" / "pid")["wrapper_pid"], signal.SIGTERM)
-    done = wait_for(lambda: read_json(run_dir / ".rgt" / "exit.json"), 60, "the end of attempt 1")
-    assert done["reason"] == "preempted"
-    for path in ckpt.glob("step_*.ckpt"):
-        if int(path.stem.split("_")[1]) > 20:
-            path.unlink()
+    # the box is preempted mid-run (5 s grace: the wrapper forwards TERM, the job checkpoints and stops), and the
+    # newest checkpoints are lost with it, so the relaunch resumes from step 20 and recomputes what came after
+    lab["stub"].preempt(grace_s=5)
+    lab["stub"].start()
+    inv = stub_inventory(lab["fleet"], ["rp"], lab["job"])  # the port can change on restart, as on RunPod
+    assert box_json(lab, f"{run_dir}/.rgt/exit.json")["reason"] == "preempted"
+    on_box(lab, f"cd {ckpt} && for f in step_*.ckpt; do n=${{f#step_}}; n=${{n%.ckpt}}; "
+                f"[ $((10#$n)) -gt 20 ] && rm -f $f; done; ls")
 
-    second = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "40", "--json", timeout=240)
+    second = call("watch", "-i", inv, "--interval", "1", "--max-ticks", "60", "--json", timeout=300)
     assert second.rc == 0, second.stderr
-    assert second.doc["stopped"] == "settled" and second.doc["hosts"]["box"]["state"] == "finished"
+    assert second.doc["stopped"] == "settled" and second.doc["hosts"]["rp"]["state"] == "finished"
     assert [r["attempt"] for r in second.doc["relaunches"]] == [1]
-    third = call("watch", "-i", lab["inv"], "--interval", "1", "--max-ticks", "1", "--json")
+    third = call("watch", "-i", inv, "--interval", "1", "--max-ticks", "1", "--json")
     assert third.rc == 0
 
     # exactly one message per transition, across three watch runs
@@ -148,30 +149,30 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert seen == [("running", "1"), ("preempted", "1"), ("running", "2"), ("finished", "2")], seen
     assert lab["events"].read_text().splitlines() == [f"{RUN_ID}#2:finished"]
     finished = receiver.messages[-1]["doc"]["text"]
-    assert finished.startswith(f"rgt: box {RUN_ID} finished (attempt 2)")
+    assert finished.startswith(f"rgt: rp {RUN_ID} finished (attempt 2)")
     assert "1/1 finished; 1 preemption" in finished and "so far" in finished
 
-    log = (run_dir / "logs" / "job.log").read_text()
+    log = on_box(lab, f"cat {run_dir}/logs/job.log")
     last1, steps2 = max(steps_of(log, 1)), steps_of(log, 2)
     assert steps2[0] == 21 and steps2[-1] == 300, "attempt 2 resumed from the step-20 checkpoint"
     assert "; 1 preemption, " in third.doc["summary"] and third.doc["summary"].startswith("1/1 finished")
     assert third.doc["summary"] in third.stderr
 
-    pull = call("pull", "-i", lab["inv"], "--runs-dir", lab["runs"], "--json", timeout=240)
+    pull = call("pull", "-i", inv, "--runs-dir", lab["runs"], "--json", timeout=240)
     assert pull.rc == 0, pull.stderr
     html_path = lab["runs"] / RUN_ID / "report.html"
-    assert pull.doc["hosts"]["box"]["report"] == str(html_path) and html_path.is_file(), pull.stderr
+    assert pull.doc["hosts"]["rp"]["report"] == str(html_path) and html_path.is_file(), pull.stderr
     assert f"report: {html_path}" in pull.stderr
 
     # the report command itself (the same data, fetched again in the status round trip)
-    res = subprocess.run([*REPORT, "-i", lab["inv"], "--run", RUN_ID, "--json"], capture_output=True, text=True,
+    res = subprocess.run([*REPORT, "-i", inv, "--run", RUN_ID, "--json"], capture_output=True, text=True,
                          env={**os.environ, "RGT_LEDGER": str(rgt.ledger), **env}, cwd=REPO, timeout=180)
     outputs.append(res.stdout + res.stderr)
     assert res.returncode == 0, res.stderr
-    facts = json.loads(res.stdout)["reports"][0]["hosts"]["box"]
+    facts = json.loads(res.stdout)["reports"][0]["hosts"]["rp"]
 
     # the numbers against the ledger: the box's attempts.jsonl, the log, the price, the pull's marker
-    records = [json.loads(ln) for ln in (run_dir / ".rgt" / "attempts.jsonl").read_text().splitlines()]
+    records = [json.loads(ln) for ln in on_box(lab, f"cat {run_dir}/.rgt/attempts.jsonl").splitlines()]
     ends = [r for r in records if "ended_at" in r]
     assert [a["reason"] for a in facts["attempts"]] == [e["reason"] for e in ends] == ["preempted", "finished"]
     a1, a2 = facts["attempts"]
@@ -186,7 +187,7 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert facts["wall_s"] == pytest.approx(wall)
     assert facts["attempts_cost"] == pytest.approx(PRICE * wall / 3600, abs=1e-4)
     assert facts["cost"] > facts["attempts_cost"] and facts["idle_after_end_s"] > 0, "the box bills after the end"
-    marker = read_json(lab["runs"] / RUN_ID / "box.PULL_VERIFIED.json")
+    marker = read_json(lab["runs"] / RUN_ID / "rp.PULL_VERIFIED.json")
     assert facts["verified"]["files"] == marker["files"] == 3 and facts["verified"]["bytes"] == marker["bytes"]
 
     # a real browser: the page renders, every image loads, the numbers shown are the ledger's
@@ -214,21 +215,22 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert 'data-plot="loss"' in dom and 'data-plot="attempts"' in dom
 
     # a report that cannot be written never fails a verified pull: a warning, the pull's own exit code
-    blocker = lab["runs"] / RUN_ID / "report-box-loss.png"
+    blocker = lab["runs"] / RUN_ID / "report-rp-loss.png"
     blocker.unlink()
     blocker.mkdir()
-    again = call("pull", "-i", lab["inv"], "--runs-dir", lab["runs"], "--json", timeout=240)
-    assert again.rc == 0 and again.doc["hosts"]["box"]["verified"] is True, again.stderr
+    again = call("pull", "-i", inv, "--runs-dir", lab["runs"], "--json", timeout=240)
+    assert again.rc == 0 and again.doc["hosts"]["rp"]["verified"] is True, again.stderr
     assert "the report could not be written" in again.stderr and "the pull itself is verified" in again.stderr
-    assert "report" not in again.doc["hosts"]["box"]
+    assert "report" not in again.doc["hosts"]["rp"]
 
     # the webhook URL is a secret: in no output and no file rgt wrote
     for text in outputs:
         assert SECRET not in text
-    for root in (rgt.ledger, lab["runs"], lab["run_dir"]):
+    for root in (rgt.ledger, lab["runs"]):
         for path in Path(root).rglob("*"):
             if path.is_file():
                 assert SECRET.encode() not in path.read_bytes(), path
+    assert on_box(lab, f"grep -rl {SECRET} {run_dir} /tmp 2>/dev/null || true").strip() == "", "not on the box"
 
 
 def html_unescape(text):

