@@ -452,9 +452,15 @@ def exec_tar(kc: Kubectl, pod: str, path: str, timeout: float = DELETE_TIMEOUT_S
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(kc.argv("exec", pod, "-c", HELPER_CONTAINER, "--", "tar", "cf", "-", "-C", path,
                                         "."), stdout=subprocess.PIPE, stderr=err)
+        cut = None
         try:
             yield proc.stdout
             proc.stdout.read()  # drain: tar's end-of-archive padding
+        except tarfile.TarError as exc:  # a cut or empty stream: the exec's own failure says why
+            cut = exc
+        except BaseException:
+            proc.kill()
+            raise
         finally:
             proc.stdout.close()
             try:
@@ -464,7 +470,10 @@ def exec_tar(kc: Kubectl, pod: str, path: str, timeout: float = DELETE_TIMEOUT_S
                 rc = proc.wait()
         if rc != 0:
             err.seek(0)
-            raise failure(("exec", pod, "tar"), err.read().decode(errors="replace"))
+            raise failure(("exec", pod, "tar"), err.read().decode(errors="replace")) from cut
+        if cut is not None:
+            raise RgtError(f"collect: the tar stream from pod {pod} is not a whole archive: {cut}",
+                           fix="collect again; if it repeats, check the export on the claim") from cut
 
 
 def _safe_member(member: tarfile.TarInfo) -> str | None:

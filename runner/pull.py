@@ -81,6 +81,31 @@ def host_doc(name: str, outcome) -> dict:
     return doc
 
 
+def sweep_manifest(root, host, entry: dict, console: Console) -> str | None:
+    """After a sweep host's pull: `<runs>/<sweep>/<host>.SWEEP_VERIFIED.json` (atomic) lists every cell of the
+    host's roster with its verified pull (files, bytes, the manifest's SHA-256 from each cell's PULL_VERIFIED
+    marker), written only when every one is verified; otherwise the cells that are not are named (and none is
+    written: a stale one is removed). Returns the path written, or None."""
+    from rgt.ledger import atomic_write_json, read_json
+
+    path = root / host.sweep / f"{host.name}.SWEEP_VERIFIED.json"
+    expected = [c["run_id"] for c in host.recalled["cells"]]
+    markers = {cell: read_json(root / cell / f"{host.name}.PULL_VERIFIED.json") for cell in expected}
+    missing = [c for c in expected if not (entry["cells"].get(c) or {}).get("verified") or not markers[c]]
+    if missing:
+        path.unlink(missing_ok=True)
+        console.print(f"[red]sweep {host.sweep} on {host.name}: {len(expected) - len(missing)}/{len(expected)} cells "
+                      f"verified; not verified: {', '.join(missing)}[/red]")
+        return None
+    atomic_write_json(path, {"schema": "rgt/sweep-verified/v1", "sweep": host.sweep, "host": host.name,
+                             "instance_id": str(host.instance_id), "cells": {
+                                 c: {k: markers[c].get(k) for k in ("files", "bytes", "manifest_sha256",
+                                                                    "verified_at")} for c in expected}})
+    console.print(f"[green]sweep {host.sweep} on {host.name}: every cell of its roster verified ({len(expected)}) "
+                  f"-> {path}[/green]")
+    return str(path)
+
+
 def rounds(hosts: list) -> list[list]:
     """The collect plays of a pull: every host in the first; a sweep host once per cell (its k-th cell in the
     k-th play)."""
@@ -135,6 +160,8 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
             entry.update(verified=all(c["verified"] for c in cells), files=sum(c.get("files") or 0 for c in cells),
                          bytes=sum(c.get("bytes") or 0 for c in cells),
                          unverified=sorted(k for k, c in entry["cells"].items() if not c["verified"]))
+            if not args.verify_only:
+                entry["sweep_manifest"] = sweep_manifest(root, by_name[name], entry, console)
     result = results[0]
     code = max((r.exit_code for r in results), key=_severity)
     verified = [h for h in hosts if docs[h.name]["verified"]]  # a sweep host: every cell; one page per sweep

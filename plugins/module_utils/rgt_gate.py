@@ -17,7 +17,9 @@ For one instance (every inventory host that carries its id, one listing per host
   hosts) binds this run, this instance and the SHA-256 of the manifest now on the box, and the local copy
   re-verifies (file set, sizes, SHA-256). A manifest written on another instance refuses;
 - other runs (failed, preempted, killed, dead, never) do not refuse; they are listed with what the verb does to
-  the mount their files are on;
+  the mount their files are on (a failed sweep cell too: it has no result to verify; `rgt-run retry` runs it
+  again); a run that names a sweep whose roster on the box does not place it on this instance (an unexpected
+  cell) refuses;
 - a box with no runs passes.
 """
 
@@ -209,6 +211,25 @@ def judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib):
     return row
 
 
+def unexpected_cell(run, sweeps, hosts):
+    """Why a run that names a sweep is not a cell this box should hold (its sweep has no roster on the box, the
+    roster does not name it, or places it on a host of another instance), else None."""
+    if not run.get("sweep"):
+        return None
+    roster = sweeps.get("%s/%s" % (run.get("project"), run["sweep"]))
+    if roster is None:
+        why = "that sweep has no roster on the box"
+    elif run.get("run_id") not in (roster.get("cells") or {}):
+        why = "the roster (%s) does not name it" % roster.get("roster")
+    elif hosts and roster["cells"][run["run_id"]] not in hosts:
+        why = "the roster places it on host %s, not on this instance (%s)" % (roster["cells"][run["run_id"]],
+                                                                            ", ".join(hosts))
+    else:
+        return None
+    return ("run %s says it is a cell of sweep %s, but %s: an unexpected cell is never torn down unseen; pull it, "
+            "or look at the box" % (_run_name(run), run["sweep"], why))
+
+
 # ---------------------------------------------------------------- one instance
 
 def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unlisted=()):
@@ -243,6 +264,7 @@ def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unli
         if root not in roots:
             roots.append(root)
         mount = listing.get("durable_mount")
+        sweeps = listing.get("sweeps") or {}
         for run in listing.get("runs") or []:
             key = (root, run.get("project"), run.get("run_id"))
             if key in seen:
@@ -250,6 +272,9 @@ def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unli
             seen.add(key)
             row = judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib)
             row["durable_root"] = root
+            problem = unexpected_cell(run, sweeps, hosts)
+            if problem:
+                row.update(blocks=True, reason=problem)
             rows.append(row)
             if row["blocks"]:
                 reasons.append(row["reason"])

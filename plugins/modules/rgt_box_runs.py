@@ -74,9 +74,14 @@ box:
       description: "One entry per run: C(project), C(run_id), C(run_dir) (null for an export without a run
         directory), C(state), C(attempt), C(export) {C(path), C(sealed), C(manifest), C(manifest_path),
         C(manifest_sha256), C(manifest_b64), C(manifest_error)}, C(slurm_job_id) (the job a run submitted through
-        sbatch recorded in C(.rgt/slurm.json), else null)."
+        sbatch recorded in C(.rgt/slurm.json), else null), C(sweep) (the sweep a cell belongs to, from
+        C(.rgt/sweep.json), else null)."
       type: list
       elements: dict
+    sweeps:
+      description: "The roster of each sweep on the box, keyed C(<project>/<name>): C(roster) (the path of
+        C(<project>/sweeps/<name>/roster.json)), C(cells) {cell id - the inventory host the roster places it on}."
+      type: dict
     not_runs:
       description: "Entries under C(active/) or C(export/) that are not rgt runs: C(path), C(name), C(project),
         C(reason)."
@@ -173,7 +178,8 @@ def describe_run(paths):
     slurm = rgt_slurm.read_record(paths.meta)  # a run submitted through sbatch: its job (teardown cancels it)
     return {"project": paths.project, "run_id": paths.run_id, "run_dir": paths.run_dir, "state": state,
             "attempt": attempt, "export": export_info(paths.export_dir, paths.run_id),
-            "slurm_job_id": str(slurm["job_id"]) if slurm and slurm.get("job_id") else None}
+            "slurm_job_id": str(slurm["job_id"]) if slurm and slurm.get("job_id") else None,
+            "sweep": (read_json(os.path.join(paths.meta, "sweep.json")) or {}).get("sweep")}
 
 
 def list_project(root, project, runs, not_runs):
@@ -214,10 +220,22 @@ def list_project(root, project, runs, not_runs):
     runs.extend(found[k] for k in sorted(found))
 
 
+def list_sweeps(root, project, sweeps):
+    """The roster of each sweep of a project on this box (<project>/sweeps/<name>/roster.json): its cells, keyed
+    <project>/<name>."""
+    base = os.path.join(root, project, "sweeps")
+    for name in _listdir(base):
+        roster = read_json(os.path.join(base, name, "roster.json"))
+        if isinstance(roster, dict) and isinstance(roster.get("cells"), list):
+            sweeps["%s/%s" % (project, name)] = {"roster": os.path.join(base, name, "roster.json"),
+                                                 "cells": dict((c.get("id"), c.get("host")) for c in roster["cells"]
+                                                               if isinstance(c, dict))}
+
+
 def list_box(durable_root, mounts):
     root = expand_root(durable_root)
     box = {"durable_root": root, "exists": os.path.isdir(root), "durable_mount": durable_mount(root, mounts),
-           "runs": [], "not_runs": []}
+           "runs": [], "not_runs": [], "sweeps": {}}
     for project in _listdir(root):
         project_dir = os.path.join(root, project)
         if not os.path.isdir(project_dir):
@@ -231,6 +249,7 @@ def list_box(durable_root, mounts):
                                     "reason": "not an rgt project dir (%s)" % problem})
             continue
         list_project(root, project, box["runs"], box["not_runs"])
+        list_sweeps(root, project, box["sweeps"])
     return box
 
 

@@ -132,6 +132,10 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
     assert set(cells) == set(placed) and all(doc["verified"] for doc in cells.values())
     for cell, host in placed.items():
         assert (tmp_path / "runs" / cell / f"{host}.PULL_VERIFIED.json").is_file(), cell
+    for host in ("adl", "rp"):  # one record per box from its roster: every cell verified, each manifest's SHA-256
+        record = json.loads((tmp_path / "runs" / "swp" / f"{host}.SWEEP_VERIFIED.json").read_text())
+        assert sorted(record["cells"]) == sorted(roster["hosts"][host])
+        assert all(len(c["manifest_sha256"]) == 64 for c in record["cells"].values())
 
     # every cell verified: the gate passes (only the confirmation is missing)
     look = rgt("teardown", "-i", inv, *given, "--runs-dir", str(tmp_path / "runs"), "--json", timeout=300)

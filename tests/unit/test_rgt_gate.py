@@ -189,3 +189,40 @@ def test_console_steps_replace_the_call_only_for_a_reversible_verb_without_its_k
     assert rgt_gate.console_instead(meter, key_present=False) is True
     assert rgt_gate.console_instead(meter, key_present=True) is False
     assert rgt_gate.console_instead({**meter, "reversible": False}, key_present=False) is False
+
+
+def sweep_cell(lay, run_id, reason, sweep="abl", project="p"):
+    meta = lay.attempt(project, run_id, reason)
+    (meta / "sweep.json").write_text(json.dumps({"sweep": sweep, "sweep_dir": str(lay.durable / project / "sweeps"
+                                                                                   / sweep)}))
+    return meta
+
+
+def roster(lay, cells, sweep="abl", project="p"):
+    folder = lay.durable / project / "sweeps" / sweep
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "roster.json").write_text(json.dumps({"schema": "rgt/roster/v1", "sweep": sweep,
+                                                    "cells": [{"id": c, "host": h} for c, h in cells.items()]}))
+
+
+def test_a_failed_sweep_cell_is_listed_like_a_failed_run_and_does_not_refuse(lay):
+    roster(lay, {"abl--seed=1": "box"})
+    sweep_cell(lay, "abl--seed=1", "failed")  # no result to verify (its outputs are missing): listed, not blocking
+    gate = lay.gate()
+    assert gate["passed"], gate["reasons"]
+    (row,) = gate["runs"]
+    assert row["state"] == "failed" and row["pull"] == "not pulled" and "is not pulled" in row["note"]
+
+
+def test_a_cell_its_sweeps_roster_does_not_place_on_this_instance_refuses(lay):
+    roster(lay, {"abl--seed=1": "box", "abl--seed=2": "other-box"})
+    lay.sealed("p", "abl--seed=1")
+    (lay.durable / "p" / "active" / "abl--seed=1" / ".rgt" / "sweep.json").write_text(json.dumps({"sweep": "abl"}))
+    assert lay.gate()["passed"], "a verified cell its roster places here passes"
+    sweep_cell(lay, "abl--seed=2", None)  # never ran, but on a box the roster does not place it on
+    sweep_cell(lay, "abl--seed=9", None)  # no cell of the roster at all
+    sweep_cell(lay, "zzz--seed=1", None, sweep="zzz")  # a sweep with no roster on the box
+    reasons = " | ".join(lay.gate()["reasons"])
+    assert "abl--seed=2 says it is a cell of sweep abl, but the roster places it on host other-box" in reasons
+    assert "abl--seed=9 says it is a cell of sweep abl, but the roster" in reasons and "does not name it" in reasons
+    assert "zzz--seed=1 says it is a cell of sweep zzz, but that sweep has no roster on the box" in reasons
