@@ -534,6 +534,26 @@ def sweep_dir_of(root, project, name):
     return os.path.join(root, project, "sweeps", name)
 
 
+def preflight(module, root, python, result, disk_gate=True):
+    """Before anything is started: the secrets file exists (returned, expanded), the interpreter runs, and (when
+    something will start) the disk gate: free GiB on the durable root below disk_floor_gib fails with rc_hint 3
+    and DISK_GATE, nothing written."""
+    p = module.params
+    secrets_file = rl.expand_root(p["secrets_file"]) if p["secrets_file"] else None
+    if secrets_file and not os.path.isfile(secrets_file):
+        module.fail_json(msg="secrets file %s is missing: run env_check (it writes it)" % secrets_file, **result)
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        module.fail_json(msg="rgt_job.python %s does not exist or is not executable" % python, **result)
+    if disk_gate and p["disk_floor_gib"] and p["disk_floor_gib"] > 0:
+        free, measured = free_gib(root)
+        if free < p["disk_floor_gib"]:
+            module.fail_json(msg="DISK_GATE: %.2f GiB free on %s is below the floor of %.2f GiB: nothing started. "
+                                 "Free space (prune old checkpoints, caches) or lower disk_floor_gib."
+                                 % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
+                             **result)
+    return secrets_file
+
+
 def cell_view(paths, inc):
     """(state, attempt): live, or how the cell's last attempt ended (rgt_runlayout.last_state)."""
     records = rl.read_jsonl(paths.attempts)
@@ -703,20 +723,9 @@ def launch_sweep(module, root, python, inc):
     if not code_dir or not os.path.isdir(code_dir):
         module.fail_json(msg="code_dir %s does not exist on the box (run upload_resume first: a sweep's code is "
                              "uploaded once per box into %s)" % (code_dir, sweep_dir), **result)
-    secrets_file = rl.expand_root(p["secrets_file"]) if p["secrets_file"] else None
-    if secrets_file and not os.path.isfile(secrets_file):
-        module.fail_json(msg="secrets file %s is missing: run env_check (it writes it)" % secrets_file, **result)
-    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        module.fail_json(msg="rgt_job.python %s does not exist or is not executable" % python, **result)
     to_write = [(c, pa, st, at) for c, pa, st, at in views
                 if st in ("never", "preempted", "killed", "dead") or (st == "failed" and c["id"] in retry)]
-    if to_write and p["disk_floor_gib"] and p["disk_floor_gib"] > 0:
-        free, measured = free_gib(root)
-        if free < p["disk_floor_gib"]:
-            module.fail_json(msg="DISK_GATE: %.2f GiB free on %s is below the floor of %.2f GiB: nothing started. "
-                                 "Free space (prune old checkpoints, caches) or lower disk_floor_gib."
-                                 % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
-                             **result)
+    secrets_file = preflight(module, root, python, result, disk_gate=bool(to_write))
     omp = p["omp_num_threads"]
     if omp is None:
         omp = omp_from_quota(*cgroup_cpu_quota())
@@ -966,20 +975,8 @@ def main():
     code_dir = rl.expand_root(code_dir)
     if not os.path.isdir(code_dir):
         module.fail_json(msg="code_dir %s does not exist on the box (run upload_resume first)" % code_dir, **result)
-    secrets_file = rl.expand_root(p["secrets_file"]) if p["secrets_file"] else None
-    if secrets_file and not os.path.isfile(secrets_file):
-        module.fail_json(msg="secrets file %s is missing: run env_check (it writes it)" % secrets_file, **result)
-    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        module.fail_json(msg="rgt_job.python %s does not exist or is not executable" % python, **result)
-
-    # 3. the disk gate
-    if p["disk_floor_gib"] and p["disk_floor_gib"] > 0:
-        free, measured = free_gib(root)
-        if free < p["disk_floor_gib"]:
-            module.fail_json(msg="DISK_GATE: %.2f GiB free on %s is below the floor of %.2f GiB: nothing started. "
-                                 "Free space (prune old checkpoints, caches) or lower disk_floor_gib."
-                                 % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
-                             **result)
+    # 3. the secrets file, the interpreter and the disk gate
+    secrets_file = preflight(module, root, python, result)
 
     omp = p["omp_num_threads"]
     if live_check is not None:  # a scheduler's job: the login node's CPUs and cgroup say nothing about it
