@@ -119,15 +119,11 @@ def plan(hosts: list, ledger: Path | None) -> list[dict]:
                              "runs on one host only, never a second time elsewhere",
                              fix="include that host (inventory and --limit), or give the sweep a new rgt_job.name",
                              field="rgt_job.sweep")
-        placement = {h: [c["id"] for c in cells if before.get(c["id"]) == h] for h in names}
-        new = [c["id"] for c in cells if c["id"] not in before]
-        if new:  # new cells go where the fewest cells per slot are, counting the cells each host already has
-            loads = {h: list(placement[h]) for h in names}
-            for cid in new:
-                host = min(names, key=lambda h: (len(loads[h]) / float(at_once[h]), names.index(h)))
-                loads[host].append(cid)
-            order = {c["id"]: i for i, c in enumerate(cells)}
-            placement = {h: sorted(ids, key=order.get) for h, ids in loads.items()}
+        kept_cells = {h: [c["id"] for c in cells if before.get(c["id"]) == h] for h in names}
+        # new cells go where the fewest cells per slot are, counting the cells each host already has
+        placement = lib.place([c["id"] for c in cells if c["id"] not in before], names, at_once, kept_cells)
+        order = {c["id"]: i for i, c in enumerate(cells)}
+        placement = {h: sorted(ids, key=order.get) for h, ids in placement.items()}
         roster = lib.roster(name, cells, placement,
                             created_at=(kept or {}).get("created_at")
                             or datetime.now(UTC).isoformat(timespec="seconds"))
@@ -172,9 +168,6 @@ def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
             host.sweep = item["sweep"]
 
 
-SWEEP_PRIMITIVES = ("tmux", "nohup", "auto")
-
-
 def recall(hosts: list, ledger: Path) -> None:
     """A host with no job spec that has cells in a sweep of the ledger (its project) gets that sweep's job (the
     newest such roster), so status, pull, logs, teardown and retry need no `-e @job.yml` again."""
@@ -186,11 +179,11 @@ def recall(hosts: list, ledger: Path) -> None:
             if roster.get("project") == project_of(host) and isinstance(roster.get("job"), dict) \
                     and any(c.get("host") == host.name for c in roster.get("cells") or []):
                 host.vars = {**host.vars, "rgt_job": roster["job"]}
-                break  # the box-side queue; Slurm job arrays and k8s Jobs are not built
+                break
 
 
 def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only: bool = False,
-            recalling: bool = False, retry: dict[str, list[str]] | None = None) -> list[dict]:
+            recalling: bool = False) -> list[dict]:
     """Before a play (rgt.cli.prepare): a launching play (train, launch_detached) gets each sweep host's share as
     the host var rgt_sweep (through the runner's inventory); any other play sees each cell as a run (expand).
     Refuses a sweep on a profile whose detach primitive cannot run one (exit 2). `recalling`: a host with no job
@@ -213,7 +206,7 @@ def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only
         for item in items:
             for host in hosts:
                 if host.name in item["slots"]:
-                    host.overlay["rgt_sweep"] = host_share(item, host.name, (retry or {}).get(host.name))
+                    host.overlay["rgt_sweep"] = host_share(item, host.name)
         return items
     expand(hosts, extravars, items)
     return items

@@ -156,12 +156,12 @@ def cell_command(command, cell):
     return command if not cell["args"] else "%s %s" % (command.rstrip(), cell["args"])
 
 
-def place(cell_ids, hosts, weights=None):
+def place(cell_ids, hosts, weights=None, placed=None):
     """{host: [cell id, ...]} over `hosts` (inventory order): each cell goes to the host with the fewest cells per
-    weight (the cells it runs at once; default 1), the first such host on a tie. Deterministic: the same cells
-    and hosts give the same placement."""
+    weight (the cells it runs at once; default 1), the first such host on a tie, counting the cells `placed`
+    already holds (a roster's kept cells). Deterministic: the same cells and hosts give the same placement."""
     weights = weights or {}
-    placed = dict((h, []) for h in hosts)
+    placed = dict((h, list((placed or {}).get(h) or [])) for h in hosts)
     for cell_id in cell_ids:
         host = min(hosts, key=lambda h: (len(placed[h]) / float(max(1, weights.get(h, 1))), hosts.index(h)))
         placed[host].append(cell_id)
