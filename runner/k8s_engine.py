@@ -285,7 +285,7 @@ def job_state(job_doc: dict | None, pods_doc: dict | None, job_name: str | None 
     preempted: the newest pod was evicted, preempted or lost with its node (DisruptionTarget). timeout: the Job
     hit activeDeadlineSeconds. failed: Failed for any other reason (BackoffLimitExceeded...). queued: no pod yet,
     Pending (unschedulable, pulling, or stuck: see attention), or waiting for the Job controller's next pod.
-    running: a Running pod."""
+    running: a Running pod (or one in phase Unknown, with a warning)."""
     name = job_name or ((job_doc or {}).get("metadata") or {}).get("name")
     doc = {"state": "not_started", "attempt": None, "queue_reason": None, "attention": [], "warnings": [],
            "k8s": {"job": name, "found": job_doc is not None, "pod": None, "phase": None, "container_state": None,
@@ -360,6 +360,9 @@ def _pod_state(doc: dict, pod: dict, kind: str | None, detail: dict) -> None:
                                    f"{k8s['restarts']} restart(s)")
     elif phase == "Succeeded":
         doc["state"] = "finished"
+    elif phase == "Unknown":  # the node stopped reporting: the pod may still run; the node controller decides
+        doc["state"] = "running"
+        doc["warnings"].append(f"pod {k8s['pod']} is in phase Unknown: its node stopped reporting")
     elif phase == "Pending":
         doc["state"] = "queued"
         unschedulable = _unschedulable(pod)
@@ -393,7 +396,7 @@ def logs_argv(kc: Kubectl, job_name: str, tail: int | None = None, follow: bool 
 
 def logs(kc: Kubectl, job_name: str, tail: int | None = None, follow: bool = False,
          timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
-    """The Job's log text (with follow: until the container ends or `timeout`)."""
+    """The Job's log text (newest pod). With follow it waits until the container ends: no timeout then."""
     argv = logs_argv(kc, job_name, tail, follow)
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=None if follow else timeout,

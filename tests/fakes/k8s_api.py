@@ -9,7 +9,8 @@ What it serves, exactly what kubectl asks for in the verbs rgt uses (found with 
 - jobs, pods, persistentvolumeclaims: GET one, LIST (labelSelector and fieldSelector equality terms, `key`
   existence), POST, PATCH as server-side apply (`application/apply-patch+yaml`: create, or merge into the existing
   object), DELETE (a Job's pods go with it, whatever the propagation), and `watch=true` on a LIST, which sends the
-  objects that match as ADDED and, for a `kubectl delete --wait`, DELETED when they go;
+  objects that match as ADDED (then, for a watch-list `sendInitialEvents=true`, the BOOKMARK that ends the initial
+  events) and MODIFIED / DELETED as they change (`kubectl wait`, `kubectl delete --wait`);
 - `pods/<name>/log` (`tailLines`, `follow` ends at the end of the text);
 - NOT served: `pods/<name>/exec` (so neither `kubectl exec` nor `kubectl cp`). kubectl 1.32 and 1.37 both sent
   the WebSocket upgrade (v5.channel.k8s.io) and rejected a byte-correct 101 answer from this server as "bad
@@ -567,6 +568,10 @@ class FakeKubernetes:
                     seen = {o["metadata"]["name"]: o for o in self._list(resource, namespace, query)}
                 for obj in seen.values():
                     send("ADDED", obj)
+                if query.get("sendInitialEvents") == "true":  # a watch-list (kubectl >= 1.35): say where they end
+                    _p, api_version, kind = RESOURCES[resource]
+                    send("BOOKMARK", {"kind": kind, "apiVersion": api_version, "metadata": {
+                        "resourceVersion": str(self._rv), "annotations": {"k8s.io/initial-events-end": "true"}}})
                 while time.monotonic() < deadline:
                     with self.lock:
                         self.changed.wait(timeout=0.2)

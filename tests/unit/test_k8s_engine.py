@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import tarfile
 from pathlib import Path
@@ -149,6 +150,7 @@ EVICTED = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionBy
     (kjob([{"type": "Failed", "reason": "DeadlineExceeded", "message": "Job was active longer than specified "
             "deadline"}], failed=1), pods(kpod(phase="Failed", state={"terminated": {"exitCode": 143}})),
      "timeout", "DeadlineExceeded", 1),
+    (kjob(active=1), pods(kpod(phase="Unknown")), "running", None, 1),
     (kjob(), pods(), "queued", None, None),
     (None, None, "not_started", None, None),
 ])
@@ -195,7 +197,8 @@ def test_an_eviction_that_failed_the_job_is_preempted_with_a_warning_not_failed(
 # ---------------------------------------------------------------- the real kubectl against the fake API server
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "kube-cache"))  # kubectl's discovery cache: not in $HOME
     with FakeKubernetes(NS) as fake:
         kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig")
         yield fake, k8s_engine.Kubectl(str(kubeconfig), "fake", NS)
@@ -304,12 +307,19 @@ def test_delete_removes_the_job_and_its_pods_and_keeps_the_claim(cluster):
 
 
 @needs_kubectl
-def test_an_unreachable_cluster_is_exit_4_naming_the_cluster(tmp_path):
-    with FakeKubernetes(NS) as fake:
-        kubeconfig = fake.kubeconfig(tmp_path / "kubeconfig")
-    kc = k8s_engine.Kubectl(str(kubeconfig), None, NS)  # the server is gone: connection refused
-    with pytest.raises(k8s_engine.ClusterUnreachable) as err:
-        k8s_engine.observe(kc, JOB)
+def test_an_unreachable_cluster_is_exit_4_naming_the_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "kube-cache"))
+    with socket.socket() as held:  # bound, never listening: connection refused, and no other server takes the port
+        held.bind(("127.0.0.1", 0))
+        server = f"http://127.0.0.1:{held.getsockname()[1]}"
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+            "clusters": [{"name": "gone", "cluster": {"server": server}}], "users": [{"name": "u", "user": {}}],
+            "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}))
+        kc = k8s_engine.Kubectl(str(kubeconfig), None, NS)
+        with pytest.raises(k8s_engine.ClusterUnreachable) as err:
+            k8s_engine.observe(kc, JOB)
     assert err.value.exit_code == UNREACHABLE and "unreachable" in err.value.message
 
 
@@ -346,7 +356,8 @@ def claim_with_export(cluster, tmp_path):
 @needs_kubectl
 def test_collect_copies_the_export_through_a_read_only_helper_pod_and_deletes_it(claim_with_export, tmp_path):
     fake, kc, export = claim_with_export
-    got = k8s_engine.collect(kc, CLAIM, "proj/export/run.1", tmp_path / "pulled", transfer=local_tar(fake))
+    got = k8s_engine.collect(kc, CLAIM, "proj/export/run.1", tmp_path / "pulled", ready_timeout_s=20,
+                             transfer=local_tar(fake))
     assert got["files"] == ["ckpt/model.bin", "metrics.json"]
     for rel in got["files"]:
         assert (tmp_path / "pulled" / rel).read_bytes() == (export / rel).read_bytes()
@@ -360,7 +371,7 @@ def test_collect_copies_the_export_through_a_read_only_helper_pod_and_deletes_it
     assert any(r["query"].get("watch") == "true" or "fieldSelector" in r["query"]
                for r in fake.calls("GET", f"/api/v1/namespaces/{NS}/pods"))  # kubectl wait asked
     assert fake.names("pods") == [] and fake.names("persistentvolumeclaims") == [CLAIM]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["claim", "kubeconfig", "pulled"]  # no partial dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["claim", "kube-cache", "kubeconfig", "pulled"]  # no partial
 
 
 @needs_kubectl
@@ -382,7 +393,7 @@ def test_the_default_transfer_is_kubectl_exec_tar_in_the_helper(claim_with_expor
     """The fake serves no exec: the real kubectl's exec call reaches it, fails, and collect says so."""
     fake, kc, _export = claim_with_export
     with pytest.raises(k8s_engine.KubectlError) as err:
-        k8s_engine.collect(kc, CLAIM, "proj/export/run.1", tmp_path / "pulled")
+        k8s_engine.collect(kc, CLAIM, "proj/export/run.1", tmp_path / "pulled", ready_timeout_s=20)
     assert "kubectl exec" in err.value.message
     exec_calls = fake.calls(path_prefix=f"/api/v1/namespaces/{NS}/pods/rgt-collect-")
     commands = [r["query"] for r in exec_calls if r["path"].endswith("/exec")]
