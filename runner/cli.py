@@ -565,7 +565,7 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
     except FileNotFoundError:
         raise _unknown_command(args.playbook) from None
     hosts = load_hosts(args.inventory, args.limit, extravars)
-    ledger = ledger_dir(getattr(args, "ledger", None))
+    ledger = ledger_dir(getattr(args, "ledger", None), make=False)  # read here; made by what writes to it
     swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
                            recalling=playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars)
     # a detach primitive not built yet: refused before any box

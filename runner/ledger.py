@@ -12,8 +12,9 @@ from rgt import paths
 _layout = paths.module_util("rgt_runlayout")
 
 
-def ledger_dir(explicit: str | None = None) -> Path:
-    """Where the ledger lives: --ledger, then $RGT_LEDGER, then ./.rgt (made when absent)."""
+def ledger_dir(explicit: str | None = None, make: bool = True) -> Path:
+    """Where the ledger lives: --ledger, then $RGT_LEDGER, then ./.rgt (made when absent, unless `make` is false:
+    a command that only reads it, such as a plan, leaves no directory behind)."""
     from rgt.errors import InputError
 
     source = "--ledger" if explicit else ("$RGT_LEDGER" if os.environ.get("RGT_LEDGER") else "the default ledger")
@@ -23,7 +24,8 @@ def ledger_dir(explicit: str | None = None) -> Path:
         raise InputError(f"{source} {path} is a file, not a directory", fix="point --ledger (or $RGT_LEDGER) at a "
                          "directory; rgt makes it when it does not exist", field="--ledger")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if make:
+            path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{source} {path} cannot be made: {exc.strerror}",
                          fix="point --ledger (or $RGT_LEDGER) at a writable directory", field="--ledger") from exc

@@ -269,7 +269,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                   "nothing changed)")
     from rgt.ledger import ledger_dir
 
-    sweeps = sweep_plans(hosts, plans, ledger_dir(getattr(args, "ledger", None)))
+    sweeps = sweep_plans(hosts, plans, ledger_dir(getattr(args, "ledger", None), make=False))
     for item in plans.values():
         render_plan(console, item)
     for item in sweeps:

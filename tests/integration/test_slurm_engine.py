@@ -230,3 +230,31 @@ def test_a_sweep_runs_as_one_job_array_throttled_and_every_cell_is_pulled_verifi
     assert rc == 0, err[-3000:]
     pulled = doc["hosts"]["sweep"]["cells"]
     assert sorted(pulled) == sorted(cells) and all(c["verified"] for c in pulled.values()), pulled
+
+
+def test_teardown_cancels_the_job_a_run_left_in_the_queue(login):
+    """The meter of a cluster is the jobs: a confirmed teardown of the login node cancels the job every run on it
+    submitted that is still queued (the pending one), once, and records each job's end; jobs that already ended
+    need nothing, the sweep's array tasks among them. Runs last in this file: the requeued run and the sweep's
+    cells are pulled and verified by then (the gate passes)."""
+    pending = login.job_id("pending")
+    assert squeue_names("pending") == [pending]
+    # a job past its limit is signalled, then killed after KillWait: until Slurm lets it go its wrapper is alive
+    # and the gate rightly refuses (a live run); the teardown comes after
+    wait_until(lambda: squeue_names("timeout") == [] and squeue_names("requeue") == [], 120,
+               "the ended jobs to leave the queue")
+    rc, doc, err = login.rgt("teardown", "--confirm", "login-1", "--runs-dir", str(login.root / "runs"))
+    assert rc == 0, (json.dumps({h: d.get("reasons") for h, d in doc["hosts"].items()}), err[-2000:])
+    assert squeue_names("pending") == []
+    out = subprocess.run(["scontrol", "show", "job", "-o", pending], capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in out, out
+    (record,) = {json.dumps(json.loads(p.read_text()), sort_keys=True)
+                 for p in (login.ledger / "teardown").glob("*.json")}  # one record for the one box, every host
+    record = json.loads(record)
+    assert record["final_state"] == "gone", record
+    states = {job["job_id"]: job["final_state"] for job in record["jobs"]}
+    assert states[pending] == "gone" and states["login-1"] == "already gone"
+    assert states[login.job_id("requeue")] == states[login.job_id("timeout")] == "already gone"
+    arr = json.loads((login.run_dir("arr--seed=1") / ".rgt" / "slurm.json").read_text())["array_job_id"]
+    assert all(states[f"{arr}_{i}"] == "already gone" for i in range(4)), states  # the sweep's array tasks
+    assert [c["argv"] for c in record["calls"] if c["rc"] is not None] == [["scancel", pending]]
