@@ -12,6 +12,15 @@ REFUSED = 3
 UNREACHABLE = 4
 ATTENTION = 5
 
+# a playbook's outcome, worst first (rgt.phases.PhaseResult.exit_code): identity, input, failure, transport
+PHASE_ORDER = (REFUSED, BAD_INPUT, FAILED, UNREACHABLE, OK)
+
+
+def worst(codes) -> int:
+    """The exit code of several plays of one command (PHASE_ORDER; OK for none)."""
+    codes = list(codes)
+    return next((c for c in PHASE_ORDER if c in codes), OK)
+
 
 class RgtError(Exception):
     """An error the user can act on: a message, an optional fix, and the exit code it maps to."""

@@ -46,6 +46,12 @@ class Host:
     def is_local(self) -> bool:
         return self.vars.get("ansible_connection") == "local"
 
+    @property
+    def project(self) -> str:
+        """The project a host's runs live under (the roles' default when the inventory names none)."""
+        project = self.vars.get("rgt_project")
+        return project if isinstance(project, str) and project else "rgt"
+
 
 def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
     """A validator for a schema file name (or an inline schema) that may $ref the other schemas in SCHEMA_DIR."""

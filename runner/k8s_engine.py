@@ -439,13 +439,11 @@ def helper_pod(name: str, claim: str, image: str = HELPER_IMAGE, lifetime_s: int
 def claim_path(remote_dir: str) -> str:
     """A directory on the claim (relative to its root, e.g. proj/export/run.1) as the helper sees it;
     InputError for an absolute path or one with '..'."""
-    norm = posixpath.normpath(remote_dir or "")
-    if not remote_dir or remote_dir.startswith("/") or norm == ".." or norm.startswith("../") or \
-            ".." in remote_dir.split("/"):
+    if paths.module_util("rgt_runlayout").check_relpath((remote_dir or "").rstrip("/")):  # the one rule
         raise InputError(f"collect: {remote_dir!r} is not a directory on the claim (relative to its root, without "
                          "'..')", fix="give the export's path under the durable root, e.g. proj/export/run.1",
                          field="remote_dir")
-    return posixpath.join(HELPER_MOUNT, norm)
+    return posixpath.join(HELPER_MOUNT, posixpath.normpath(remote_dir))
 
 
 @contextlib.contextmanager
@@ -481,15 +479,19 @@ def exec_tar(kc: Kubectl, pod: str, path: str, timeout: float = DELETE_TIMEOUT_S
 
 def _safe_member(member: tarfile.TarInfo) -> str | None:
     """The relative path a member extracts to, None for the archive root; RgtError for an unsafe member."""
-    name = member.name
-    norm = posixpath.normpath(name)
-    if name.startswith("/") or norm == ".." or norm.startswith("../") or ".." in name.split("/"):
+    name = rel = member.name
+    while rel.startswith("./"):  # `tar -C DIR .` names every member under ./
+        rel = rel[2:]
+    rel = rel.rstrip("/")
+    if rel in ("", ".") and not name.startswith("/"):
+        return None
+    if name.startswith("/") or paths.module_util("rgt_runlayout").check_relpath(rel):  # the one relative-path rule
         raise RgtError(f"collect: the archive holds an unsafe path {name!r} (absolute or with '..'); nothing kept",
                        fix="inspect the export on the claim: something wrote outside the run's layout")
     if not (member.isfile() or member.isdir()):
         raise RgtError(f"collect: the archive holds {name!r}, a link or special file; nothing kept",
                        fix="an export holds regular files and directories only: remove the link on the claim")
-    return None if norm == "." else norm
+    return rel
 
 
 def extract(stream: IO[bytes], dest: Path) -> list[str]:

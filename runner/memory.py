@@ -66,12 +66,6 @@ def hosts_remembered(ledger: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
 
-def project_of(host) -> str:
-    """The project a host's runs live under (the roles' default when the inventory names none)."""
-    project = host.vars.get("rgt_project")
-    return project if isinstance(project, str) and project else "rgt"
-
-
 def remember_launches(ledger: Path, hosts: list, result) -> None:
     """After a play: remember every run a launch reported (train, launch_detached, a watch relaunch)."""
     for host in hosts:
@@ -86,12 +80,12 @@ def remember_launches(ledger: Path, hosts: list, result) -> None:
             by_id = {c["id"]: c for c in share["cells"]}
             for cell in report["cells"]:
                 if cell.get("run_id") in by_id:
-                    record_launch(ledger, host.name, str(host.instance_id), project_of(host),
+                    record_launch(ledger, host.name, str(host.instance_id), host.project,
                                   cell_job(job, by_id[cell["run_id"]]),
                                   {**report, "attempt": cell.get("attempt"), "state": cell.get("state"),
                                    "session": None})
             continue
-        record_launch(ledger, host.name, str(host.instance_id), project_of(host), job, report)
+        record_launch(ledger, host.name, str(host.instance_id), host.project, job, report)
 
 
 def recall(ledger: Path, hosts: list) -> list:
@@ -102,7 +96,7 @@ def recall(ledger: Path, hosts: list) -> list:
     for host in hosts:
         if isinstance(host.vars.get("rgt_job"), dict):
             continue
-        project = project_of(host)
+        project = host.project
         runs = [r for r in runs_of(ledger, host.name) if r.get("project") == project]
         if runs:
             host.recalled = runs[0]

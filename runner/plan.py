@@ -107,7 +107,7 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
                          "names", field="rgt_job.run_id") from exc
     # a sweep's code and data go once per box to its own dir (roles/upload_resume: upload_resume_dir); each cell
     # is a run of its own under active/ (sweep_plans)
-    home = f"{layout_paths.project_dir}/sweeps/{run_id}" if job.get("sweep") else layout_paths.run_dir
+    home = layout_paths.sweep_dir(run_id) if job.get("sweep") else layout_paths.run_dir
     code_src = job.get("code_dir")
     local = jobspec.resolve_paths(job, Path(base) if base else Path.cwd())  # relative paths follow their file
     if not code_src:

@@ -114,11 +114,6 @@ def rounds(hosts: list) -> list[list]:
             for k in range(most)]
 
 
-def _severity(code: int) -> int:
-    """Which exit code of several plays the pull reports (the order of the exit codes above)."""
-    return {errors.OK: 0, errors.UNREACHABLE: 1, errors.FAILED: 2, errors.REFUSED: 3, errors.BAD_INPUT: 4}.get(code, 2)
-
-
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import prepare
     from rgt.ledger import ledger_dir, runs_dir
@@ -145,15 +140,14 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
         results.append(result)
         for host in members:
             doc = host_doc(host.name, result.hosts.get(host.name))
+            label = host.name
             if host.sweep:
                 cell = host.recalled["job"]["run_id"]
-                entry = docs.setdefault(host.name, {"host": host.name, "sweep": host.sweep, "cells": {}})
-                entry["cells"][cell] = doc
-                console.print(f"[{'green' if doc['verified'] else 'red'}]"
-                              f"{host_line(f'{host.name}:{cell}', doc)}[/]")
+                label = f"{host.name}:{cell}"
+                docs.setdefault(host.name, {"host": host.name, "sweep": host.sweep, "cells": {}})["cells"][cell] = doc
             else:
                 docs[host.name] = doc
-                console.print(f"[{'green' if doc['verified'] else 'red'}]{host_line(host.name, doc)}[/]")
+            console.print(f"[{'green' if doc['verified'] else 'red'}]{host_line(label, doc)}[/]")
     for name, entry in docs.items():
         if by_name[name].sweep:
             cells = entry["cells"].values()
@@ -163,7 +157,7 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
             if not args.verify_only:
                 entry["sweep_manifest"] = sweep_manifest(root, by_name[name], entry, console)
     result = results[0]
-    code = max((r.exit_code for r in results), key=_severity)
+    code = errors.worst(r.exit_code for r in results)
     verified = [h for h in hosts if docs[h.name]["verified"]]  # a sweep host: every cell; one page per sweep
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
         from rgt import runreport

@@ -773,7 +773,7 @@ def sweep_reports(ledger: Path, root: Path, hosts: list, fresh: dict, before: di
 
     groups: dict[tuple[str, str], list] = {}
     for host in hosts:
-        groups.setdefault((sweeps.project_of(host), host.sweep), []).append(host)
+        groups.setdefault((host.project, host.sweep), []).append(host)
     reports = []
     for (project, name), members in sorted(groups.items()):
         roster = sweeps.read_roster(ledger, project, name) or _roster_of(project, name, members)

@@ -24,11 +24,6 @@ def _lib():
     return paths.module_util("rgt_sweep")
 
 
-def project_of(host) -> str:
-    project = host.vars.get("rgt_project")
-    return project if isinstance(project, str) and project else "rgt"
-
-
 def sweep_job(host) -> dict | None:
     job = host.vars.get("rgt_job")
     return job if isinstance(job, dict) and job.get("sweep") else None
@@ -65,11 +60,8 @@ def slots(job: dict) -> list[str]:
 
 
 def cell_job(job: dict, cell: dict) -> dict:
-    """A cell of the roster as an ordinary run's job spec: the sweep's job without `sweep`, the cell's run id,
-    command and env."""
-    out = {k: v for k, v in job.items() if k != "sweep"}
-    out.update(run_id=cell["id"], command=cell["command"], env={**(job.get("env") or {}), **cell["env"]})
-    return out
+    """A cell of the roster as an ordinary run's job spec (module_util rgt_sweep.cell_job: one rule with the box)."""
+    return _lib().cell_job(job, cell)
 
 
 def groups(hosts: list) -> dict[tuple[str, str], list]:
@@ -79,7 +71,7 @@ def groups(hosts: list) -> dict[tuple[str, str], list]:
     for host in hosts:
         job = sweep_job(host)
         if job:
-            out.setdefault((project_of(host), job.get("run_id") or job.get("name")), []).append(host)
+            out.setdefault((host.project, job.get("run_id") or job.get("name")), []).append(host)
     for (_project, name), members in out.items():
         first = sweep_job(members[0])
         for other in members[1:]:
@@ -176,7 +168,7 @@ def recall(hosts: list, ledger: Path) -> None:
         if isinstance(host.vars.get("rgt_job"), dict):
             continue
         for roster in rosters:
-            if roster.get("project") == project_of(host) and isinstance(roster.get("job"), dict) \
+            if roster.get("project") == host.project and isinstance(roster.get("job"), dict) \
                     and any(c.get("host") == host.name for c in roster.get("cells") or []):
                 host.vars = {**host.vars, "rgt_job": roster["job"]}
                 break

@@ -24,7 +24,7 @@ import time
 
 __metaclass__ = type
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout, rgt_slurm
 
 STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started",
           "queued", "timeout", "oom")  # the last three: runs under Slurm (with_slurm)
@@ -291,7 +291,7 @@ def with_queue(doc, queue):
     if not queue:
         return doc
     doc["sweep"] = queue.get("sweep")
-    if queue.get("alive") and doc.get("run_id") in (queue.get("pending") or []) \
+    if rgt_runlayout.will_start(queue, doc.get("run_id")) \
             and doc["state"] in ("not_started", "preempted", "dead", "failed"):
         doc["state"] = "queued"
         doc["queue_reason"] = "waiting for a free slot in the queue of sweep %s" % queue.get("sweep")

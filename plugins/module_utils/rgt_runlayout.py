@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import errno
 import fcntl
 import fnmatch
 import json
@@ -173,6 +174,11 @@ class RunPaths(object):
         """tmux session name of this run (session_name)."""
         return session_name(self.project, self.run_id)
 
+    def sweep_dir(self, name):
+        """<durable_root>/<project>/sweeps/<name>: a sweep's code, data, roster and queue on this box (its cells
+        are runs under active/). roles/upload_resume's upload_resume_dir spells the same path in Jinja."""
+        return os.path.join(self.project_dir, "sweeps", name)
+
 
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
@@ -296,6 +302,30 @@ def lock_held(lock_path):
     return False
 
 
+LOCK_RETRY_S = 1.0  # how long a held flock is tried again: a look at it (lock_held) holds it for an instant
+
+
+def take_lock(lock_path, retry_s=LOCK_RETRY_S):
+    """Take the exclusive flock a process holds for its whole life (a run's wrapper: .rgt/lock; a sweep's queue:
+    queue.lock): the open handle (keep it open), or None when another process holds it. A look at the lock
+    (lock_held, from status, a launch or a queue) holds it for an instant, so it is tried again for `retry_s`
+    before the holder is taken for live."""
+    handle = open(lock_path, "a+")
+    deadline = time.time() + retry_s
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except (IOError, OSError) as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                handle.close()
+                raise
+        if time.time() > deadline:
+            handle.close()
+            return None
+        time.sleep(0.02)
+
+
 def last_state(records, exit_doc):
     """How a run that is not live ended: never | finished | failed | preempted | killed | dead. `records` are
     attempts.jsonl's lines, `exit_doc` is exit.json.
@@ -376,6 +406,12 @@ def sweep_queue(paths):
     seen = (read_json(os.path.join(meta, "queue-state.json")) or {}) if alive else {}
     return {"sweep": marker.get("sweep"), "sweep_dir": marker["sweep_dir"], "alive": alive,
             "pending": list(seen.get("pending") or []), "running": list(seen.get("running") or [])}
+
+
+def will_start(queue, run_id):
+    """Does a sweep's live queue (sweep_queue's view) still mean to start this cell? Then the cell is `queued`: in
+    status (rgt_reconcile.with_queue) and for the teardown gate (rgt_box_runs)."""
+    return bool(queue and queue.get("alive") and run_id in (queue.get("pending") or []))
 
 
 def last_end(records, exit_doc):

@@ -156,6 +156,17 @@ def cell_command(command, cell):
     return command if not cell["args"] else "%s %s" % (command.rstrip(), cell["args"])
 
 
+def cell_job(job, cell):
+    """A cell as an ordinary run's job spec (the runner's memory of it, the launch's job.json): the sweep's job
+    without `sweep`, the cell's run id and command (`cell["command"]`, cell_command's), the job's env with the
+    cell's over it."""
+    out = dict((k, v) for k, v in job.items() if k != "sweep")
+    env = dict(job.get("env") or {})
+    env.update(cell.get("env") or {})
+    out.update(run_id=cell["id"], command=cell["command"], env=env)
+    return out
+
+
 def place(cell_ids, hosts, weights=None, placed=None):
     """{host: [cell id, ...]} over `hosts` (inventory order): each cell goes to the host with the fewest cells per
     weight (the cells it runs at once; default 1), the first such host on a tie, counting the cells `placed`

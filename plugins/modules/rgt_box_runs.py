@@ -105,6 +105,7 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout impor
     read_json,
     read_jsonl,
     sweep_queue,
+    will_start,
 )
 
 MANIFEST_SUFFIX = ".manifest.json"
@@ -172,8 +173,7 @@ def describe_run(paths):
             attempt = pid["attempt"]
     else:
         state = last_state(records, exit_doc)
-        queue = sweep_queue(paths)
-        if queue and queue["alive"] and paths.run_id in queue["pending"] and state != "finished":
+        if state != "finished" and will_start(sweep_queue(paths), paths.run_id):
             state = "queued"  # a sweep's live queue will start it: it counts as live for the gate
     slurm = rgt_slurm.read_record(paths.meta)  # a run submitted through sbatch: its job (teardown cancels it)
     return {"project": paths.project, "run_id": paths.run_id, "run_dir": paths.run_dir, "state": state,

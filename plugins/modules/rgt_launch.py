@@ -248,7 +248,7 @@ from shlex import quote
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm, rgt_sweep
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
@@ -363,43 +363,52 @@ def tmux_owner(tmux, session):
     return (out.strip() or None) if proc.returncode == 0 else None
 
 
-def start_tmux(module, paths, python, wrapper, result):
-    """Start the wrapper in a new tmux session marked with its run dir. A session of the same name is killed
-    only when it is this run's own leftover (the wrapper is dead: checked before); anything else is left alone.
-    Returns None (the wrapper is not our child)."""
-    tmux, session, run_dir = shutil.which("tmux"), paths.session(), paths.run_dir
+def tmux_detached(module, session, owner, argv, whose, result):
+    """exec `argv` in a new tmux session marked with `owner` (the run or sweep dir, option @rgt_run_dir). A
+    session of the same name is killed only when it is that owner's own leftover (its process is dead: checked
+    before); anything else is left alone and the task fails, naming `whose` session it should have been."""
+    tmux = shutil.which("tmux")
     if tmux_has(tmux, session):
-        owner = tmux_owner(tmux, session)
-        if owner != run_dir:
-            module.fail_json(msg="a tmux session named %s already exists and is not this run's (%s): it was left "
+        found = tmux_owner(tmux, session)
+        if found != owner:
+            module.fail_json(msg="a tmux session named %s already exists and is not %s (%s): it was left "
                                  "alone and nothing was started. Rename or end that session, or use another "
-                                 "run id." % (session, "it belongs to %s" % owner if owner
+                                 "run id." % (session, whose, "it belongs to %s" % found if found
                                               else "it was not started by rgt"), **result)
         subprocess.call([tmux, "kill-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, env=tmux_env())
-    line = "exec %s" % " ".join(quote(x) for x in (python, wrapper, run_dir))
-    proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, line, ";",
-                             "set-option", "-t", "=%s:" % session, TMUX_OWNER_OPTION, run_dir],
+    proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, "exec %s" % " ".join(quote(x) for x in argv),
+                             ";", "set-option", "-t", "=%s:" % session, TMUX_OWNER_OPTION, owner],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             env=tmux_env(), universal_newlines=True)
     out, err = proc.communicate()
     if proc.returncode != 0:
         module.fail_json(msg="tmux new-session failed (rc %s): %s" % (proc.returncode, (err or out).strip()),
-                         session=session)
+                         **result)
+
+
+def setsid_detached(argv, log, cwd):
+    """Start `argv` in a new session (setsid: no hangup reaches it), stdin /dev/null, output appended to `log`;
+    returns the child."""
+    handle = open(log, "ab")
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, cwd=cwd,
+                                start_new_session=True, close_fds=True)
+    finally:
+        handle.close()
+
+
+def start_tmux(module, paths, python, wrapper, result):
+    """Start the wrapper in a new tmux session marked with its run dir (tmux_detached). Returns None (the wrapper
+    is not our child)."""
+    tmux_detached(module, paths.session(), paths.run_dir, (python, wrapper, paths.run_dir), "this run's", result)
     return None
 
 
 def start_nohup(module, paths, python, wrapper, result):
     """Start the wrapper in a new session (setsid), stdin /dev/null, output appended to logs/wrapper.log; returns
     the child (its early exit shortens the wait for the first heartbeat)."""
-    log = open(os.path.join(paths.logs, "wrapper.log"), "ab")
-    try:
-        proc = subprocess.Popen([python, wrapper, paths.run_dir], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, cwd=paths.run_dir, start_new_session=True,
-                                close_fds=True)
-    finally:
-        log.close()
-    return proc
+    return setsid_detached([python, wrapper, paths.run_dir], os.path.join(paths.logs, "wrapper.log"), paths.run_dir)
 
 
 def slurm_job_name(paths):
@@ -411,16 +420,8 @@ def live_sbatch(module, paths, result):
     """Slurm's view of this run's job when it is pending or running (never submit twice), else None. Looks up the
     recorded job id (.rgt/slurm.json) and the jobs squeue lists under the run's name with the run dir as comment;
     fails, submitting nothing, when Slurm cannot say."""
-    record = rgt_slurm.read_record(paths.meta) or {}
-    views = []
-    if record.get("job_id"):
-        seen = rgt_slurm.show_job(record["job_id"])
-        if seen["known"] is None:
-            module.fail_json(msg="Slurm could not say whether job %s of %s still runs (%s): nothing was submitted; "
-                                 "try again when slurmctld answers" % (record["job_id"], paths.run_id,
-                                                                       seen["error"]), **result)
-        if seen["known"] and not rgt_slurm.ended(seen["view"]["state"]):
-            views.append(seen["view"])
+    recorded = slurm_live(module, paths, result)
+    views = [recorded] if recorded else []
     if not views:
         rows, error = rgt_slurm.live_jobs(slurm_job_name(paths), paths.run_dir)
         if rows is None:
@@ -433,26 +434,38 @@ def live_sbatch(module, paths, result):
     return views[0] if views else None
 
 
+def slurm_spec(module, result):
+    """The job spec's `slurm` block (resources per job or array task); refused (rc_hint 2) when not a mapping."""
+    spec = module.params["job"].get("slurm") or {}
+    if not isinstance(spec, dict):
+        module.fail_json(msg="rgt_job.slurm must be a mapping (partition, gres, cpus_per_task, mem, time, account, "
+                             "qos, requeue, extra): nothing was submitted", rc_hint=2, **result)
+    return spec
+
+
+def submit(module, argv, what, result):
+    """Run sbatch and return the job id it printed; the task fails naming `what` and sbatch's words otherwise."""
+    rc, out, err = rgt_slurm.run_argv(argv, timeout=60)
+    job_id = rgt_slurm.parse_submit(out) if rc == 0 else None
+    if not job_id:
+        module.fail_json(msg="sbatch refused %s (rc %s): %s" % (what, rc, (err or out).strip()), sbatch_argv=argv,
+                         **result)
+    return job_id
+
+
 def start_sbatch(module, paths, python, wrapper, result):
     """Submit the run as a Slurm batch job from the login node: .rgt/sbatch.sh execs the wrapper (so B: signals
     reach it); job name, --output (logs/slurm-%j.out, appended across requeues), --comment (the run dir),
     --signal=B:TERM@<grace_s>, --requeue and the job spec's `slurm` resources (rgt_slurm.sbatch_argv). The job id
     goes atomically into .rgt/slurm.json. Returns None (the wrapper is not our child)."""
     entry = rgt_registry.detach(module.params["detach"])
-    spec = module.params["job"].get("slurm") or {}
-    if not isinstance(spec, dict):
-        module.fail_json(msg="rgt_job.slurm must be a mapping (partition, gres, cpus_per_task, mem, time, account, "
-                             "qos, requeue, extra): nothing was submitted", rc_hint=2, **result)
+    spec = slurm_spec(module, result)
     script = os.path.join(paths.meta, "sbatch.sh")
     install(script, rgt_slurm.batch_script(python, wrapper, paths.run_dir, entry.name), 0o755)
     argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, slurm_job_name(paths),
                                  os.path.join(paths.logs, "slurm-%j.out"), paths.run_dir, module.params["grace_s"],
                                  spec.get("requeue", True) is not False, spec)
-    rc, out, err = rgt_slurm.run_argv(argv, timeout=60)
-    job_id = rgt_slurm.parse_submit(out) if rc == 0 else None
-    if not job_id:
-        module.fail_json(msg="sbatch refused the job of %s (rc %s): %s" % (paths.run_id, rc, (err or out).strip()),
-                         sbatch_argv=argv, **result)
+    job_id = submit(module, argv, "the job of %s" % paths.run_id, result)
     record = rgt_slurm.read_record(paths.meta) or {}
     submits = list(record.get("submits") or [])
     submits.append({"job_id": job_id, "attempt": result["attempt"],
@@ -529,9 +542,20 @@ def choose_detach(module, primitive, fallback, result):
 
 # ---------------------------------------------------------------- a host's share of a sweep (option `sweep`)
 
-def sweep_dir_of(root, project, name):
-    """<durable_root>/<project>/sweeps/<name>: the sweep's code, data, roster and queue on this box."""
-    return os.path.join(root, project, "sweeps", name)
+def shown_state(state):
+    """How a run that is not live reads in the result (rgt_runlayout.last_state's never / killed are not_started /
+    dead)."""
+    return {"never": "not_started", "killed": "dead"}.get(state, state)
+
+
+def sweep_state(counts, total, settled):
+    """The state of a host's share of a sweep from its cells' shown states: finished when every cell is, running
+    while any runs or waits, else the first of failed, preempted, dead, else not_started."""
+    if counts.get("finished") == total:
+        return "finished"
+    if not settled:
+        return "running"
+    return next((s for s in ("failed", "preempted", "dead") if counts.get(s)), "not_started")
 
 
 def preflight(module, root, python, result, disk_gate=True):
@@ -566,36 +590,16 @@ def cell_view(paths, inc):
 def launch_queue(module, entry, python, script, sweep_dir, session, result):
     """Start the sweep's queue detached: a tmux session marked with the sweep dir (a leftover of this sweep's own
     queue is replaced, anything else refused), or a new session (setsid) with output in logs/queue-wrapper.log."""
-    line = [python, script, sweep_dir]
+    argv = [python, script, sweep_dir]
     if entry.impl == "tmux":
-        tmux = shutil.which("tmux")
-        if tmux_has(tmux, session):
-            owner = tmux_owner(tmux, session)
-            if owner != sweep_dir:
-                module.fail_json(msg="a tmux session named %s already exists and is not this sweep's queue: it was "
-                                     "left alone and nothing was started" % session, **result)
-            subprocess.call([tmux, "kill-session", "-t", "=" + session], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=tmux_env())
-        proc = subprocess.Popen([tmux, "new-session", "-d", "-s", session, "exec " + " ".join(quote(x) for x in line),
-                                 ";", "set-option", "-t", "=%s:" % session, TMUX_OWNER_OPTION, sweep_dir],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                env=tmux_env(), universal_newlines=True)
-        out, err = proc.communicate()
-        if proc.returncode != 0:
-            module.fail_json(msg="tmux new-session failed for the sweep queue (rc %s): %s"
-                                 % (proc.returncode, (err or out).strip()), **result)
+        tmux_detached(module, session, sweep_dir, argv, "this sweep's queue", result)
         return None
-    log = open(os.path.join(sweep_dir, "logs", "queue-wrapper.log"), "ab")
-    try:
-        return subprocess.Popen(line, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=sweep_dir, start_new_session=True, close_fds=True)
-    finally:
-        log.close()
+    return setsid_detached(argv, os.path.join(sweep_dir, "logs", "queue-wrapper.log"), sweep_dir)
 
 
 def slurm_live(module, paths, result):
-    """Slurm's view of a cell's array task when it is pending or running, else None; fails, submitting nothing,
-    when Slurm cannot say."""
+    """Slurm's view of the job recorded in a run's .rgt/slurm.json (a run's sbatch job, a sweep cell's array task)
+    when it is pending or running, else None; fails, submitting nothing, when Slurm cannot say."""
     record = rgt_slurm.read_record(paths.meta) or {}
     if not record.get("job_id"):
         return None
@@ -615,9 +619,7 @@ def submit_array(module, entry, python, sweep_dir, name, cells, throttle, result
     if not cells:
         return
     p = module.params
-    spec = p["job"].get("slurm") or {}
-    if not isinstance(spec, dict):
-        module.fail_json(msg="rgt_job.slurm must be a mapping: nothing was submitted", rc_hint=2, **result)
+    spec = slurm_spec(module, result)
     meta = os.path.join(sweep_dir, ".rgt")
     serial = len([n for n in os.listdir(meta) if n.startswith("array-") and n.endswith(".list")]) + 1
     listing = os.path.join(meta, "array-%d.list" % serial)
@@ -629,11 +631,7 @@ def submit_array(module, entry, python, sweep_dir, name, cells, throttle, result
                                  spec.get("requeue", True) is not False, spec)
     array = "--array=0-%d%s" % (len(cells) - 1, "%%%d" % int(throttle) if throttle else "")
     argv = argv[:-1] + [array, script, listing]
-    rc, out, err = rgt_slurm.run_argv(argv, timeout=60)
-    job_id = rgt_slurm.parse_submit(out) if rc == 0 else None
-    if not job_id:
-        module.fail_json(msg="sbatch refused the array of sweep %s (rc %s): %s" % (name, rc, (err or out).strip()),
-                         sbatch_argv=argv, **result)
+    job_id = submit(module, argv, "the array of sweep %s" % name, result)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for index, (_cell, paths) in enumerate(cells):
         record = rgt_slurm.read_record(paths.meta) or {}
@@ -653,14 +651,12 @@ def report_array(module, name, views, result):
         attempt = len([r for r in records if "started_at" in r])
         live = slurm_live(module, paths, result)
         state = ("queued" if live["state"] in rgt_slurm.PENDING else "running") if live else \
-            {"never": "not_started", "killed": "dead"}.get(rl.last_state(records, rl.read_json(paths.exit)),
-                                                            rl.last_state(records, rl.read_json(paths.exit)))
+            shown_state(rl.last_state(records, rl.read_json(paths.exit)))
         counts[state] = counts.get(state, 0) + 1
         result["cells"].append({"run_id": cell["id"], "state": state, "attempt": attempt, "run_dir": paths.run_dir,
                                 "slurm_job_id": (rgt_slurm.read_record(paths.meta) or {}).get("job_id")})
     settled = not counts.get("queued") and not counts.get("running")
-    result.update(state="finished" if counts.get("finished") == len(views) else "running" if not settled else
-                  "failed" if counts.get("failed") else "preempted" if counts.get("preempted") else "not_started",
+    result.update(state=sweep_state(counts, len(views), settled),
                   action="launch" if result.get("slurm_job_id") else "none",
                   msg="sweep %s as a Slurm array: %s%s" % (name, ", ".join("%d %s" % (n, s) for s, n in
                                                                            sorted(counts.items())),
@@ -685,7 +681,7 @@ def launch_sweep(module, root, python, inc):
     slots = [str(s) for s in (sweep.get("slots") or [])]
     if not cells or not slots:
         module.fail_json(msg="nothing launched: sweep %s gives this host no cells or no slots" % name, rc_hint=2)
-    sweep_dir = sweep_dir_of(root, p["project"], name)
+    sweep_dir = rl.RunPaths(root, p["project"], name).sweep_dir(name)
     meta = os.path.join(sweep_dir, ".rgt")
     session = rl.session_name(p["project"], name + "--queue")
     result = dict(changed=False, run_dir=sweep_dir, sweep_dir=sweep_dir, session=session, detach=None,
@@ -759,9 +755,8 @@ def launch_sweep(module, root, python, inc):
         install(paths.wrapper, p["wrapper_content"], 0o755)
         install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
         old = rl.read_json(paths.job) or {}
-        cell_job = dict(job, command=cell["command"], env=dict(job.get("env") or {}, **(cell.get("env") or {})))
-        doc = job_document(module, paths, cell_job, code_dir if (p["use_new_code"] or state == "never")
-                           else old.get("code_dir") or code_dir, omp, python, secrets_file)
+        cell_code = code_dir if (p["use_new_code"] or state == "never") else old.get("code_dir") or code_dir
+        doc = job_document(module, paths, rgt_sweep.cell_job(job, cell), cell_code, omp, python, secrets_file)
         doc["sweep"] = {"name": name, "dir": sweep_dir, "params": cell.get("params") or {}}
         if os.path.isdir(data_dir):
             doc["data_dir"] = data_dir
@@ -812,17 +807,13 @@ def launch_sweep(module, root, python, inc):
     counts = {}
     for cell, paths, _state, _attempt in views:
         state, attempt = cell_view(paths, inc)
-        shown = "running" if state == "live" else "queued" if cell["id"] in pending else \
-            {"never": "not_started", "killed": "dead"}.get(state, state)
+        shown = "running" if state == "live" else "queued" if cell["id"] in pending else shown_state(state)
         counts[shown] = counts.get(shown, 0) + 1
         result["cells"].append({"run_id": cell["id"], "state": shown, "attempt": attempt, "run_dir": paths.run_dir,
                                 "written": any(c is cell for c, _p, _s, _a in to_write)})
     ended = not seen.get("pending") and not seen.get("running")
-    overall = "finished" if counts.get("finished") == len(cells) else \
-        "running" if not ended else "failed" if counts.get("failed") else "preempted" if counts.get("preempted") \
-        else "dead" if counts.get("dead") else "not_started"
     result.update(changed=bool(to_write) or started, action="launch" if to_write else "none",
-                  state=overall, pid=seen.get("pid"),
+                  state=sweep_state(counts, len(cells), ended), pid=seen.get("pid"),
                   msg="sweep %s on this box: %s (queue %s, %d slot(s): %s)" % (
                       name, ", ".join("%d %s" % (n, s) for s, n in sorted(counts.items())),
                       "started" if started else "running" if not ended else "done", len(slots),
@@ -960,7 +951,7 @@ def main():
                       "pass relaunch_failed=true or a new rgt_job.run_id"
                       % (p["run_id"], end.get("attempt"), end.get("rc"), paths.log))
         module.exit_json(**result)
-    shown = {"never": "not_started", "killed": "dead"}.get(state, state)
+    shown = shown_state(state)
     if state != "never" and not p["relaunch"]:
         result.update(state=shown, msg="run %s is %s; relaunch is off: nothing started" % (p["run_id"], shown))
         module.exit_json(**result)

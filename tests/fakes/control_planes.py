@@ -20,14 +20,16 @@ import argparse
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.httpfake import LocalHTTPFake
 
 Reply = tuple[int, object, dict]  # status, JSON document (None: no body), extra headers
 
 
-class FakePlane:
+class FakePlane(LocalHTTPFake):
     """Base: the HTTP plumbing, the request log and the generic knobs. Subclasses implement `route`."""
 
     auth_prefix = "Bearer "
@@ -45,52 +47,6 @@ class FakePlane:
         self.instances: dict[str, dict] = {}
         self.requests: list[dict] = []
         self.lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    # ---------------------------------------------------------------- lifecycle
-
-    def start(self) -> FakePlane:
-        plane = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def _serve(self):
-                plane._dispatch(self)
-
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"fake-{self.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakePlane:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._server, "start() the fake first"
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     # ---------------------------------------------------------------- assertions
 

@@ -36,9 +36,11 @@ import os
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.httpfake import LocalHTTPFake
 
 # resource -> (API path prefix, apiVersion, kind)
 RESOURCES = {
@@ -150,8 +152,11 @@ def _merge(base: dict, patch: dict) -> dict:
     return out
 
 
-class FakeKubernetes:
+class FakeKubernetes(LocalHTTPFake):
     """The fake API server. `start()` / `stop()` (or a `with` block); `url`, `kubeconfig(path)`, the hooks."""
+
+    name = "k8s"
+    nodelay = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
     def __init__(self, namespace: str = "default"):
         self.namespace = namespace
@@ -162,47 +167,6 @@ class FakeKubernetes:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self._rv = 1
-        self._server: ThreadingHTTPServer | None = None
-
-    # ---------------------------------------------------------------- lifecycle
-
-    def start(self) -> FakeKubernetes:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
-
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def _serve(self):
-                fake._dispatch(self)
-
-            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-k8s",
-                         daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> FakeKubernetes:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server, "start() the fake first"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def kubeconfig(self, path: str | os.PathLike, context: str = "fake") -> Path:
         """Write a kubeconfig whose context `context` points at this server (plain HTTP, no credentials)."""

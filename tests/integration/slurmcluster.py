@@ -39,8 +39,10 @@ def slurm():
     if not have and not shutil.which("apt-get"):
         pytest.skip("slurm packages are missing and there is no apt-get to install them")
     state = tempfile.mkdtemp(prefix="rgt-slurm-", dir="/tmp")  # short: slurmd keeps unix sockets under it
+    # 6 CPUs advertised (config_overrides; jobs share the real cores): the engine module runs three 1-CPU runs and
+    # a sweep's array (two 1-CPU tasks at once) side by side, and none of them may wait for Resources
     env = {"RGT_SLURM_STATE": state, "RGT_SLURM_CTLD_PORT": str(_free_port()),
-           "RGT_SLURM_D_PORT": str(_free_port())}
+           "RGT_SLURM_D_PORT": str(_free_port()), "RGT_SLURM_CPUS": "6"}
     old_conf = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = f"{state}/slurm.conf"
     try:

@@ -21,7 +21,6 @@ the cells get their own signal through their wrappers.
 Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the launch copies it there).
 """
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -38,7 +37,6 @@ finally:
 
 STARTABLE_STATES = ("never", "preempted", "killed", "dead")
 START_WAIT_S = 15
-LOCK_RETRY_S = 1.0
 MAX_FAILED_TICKS = 60
 
 
@@ -106,18 +104,10 @@ class Queue(object):
             pass
 
     def take_lock(self):
-        """The sweep's queue lock, or False when another queue holds it (a look at it holds it for an instant:
-        tried again for LOCK_RETRY_S, as the wrapper does)."""
-        self.lock_handle = open(os.path.join(self.meta, "queue.lock"), "a+")
-        deadline = time.time() + LOCK_RETRY_S
-        while True:
-            try:
-                fcntl.flock(self.lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError:
-                if time.time() > deadline:
-                    return False
-            time.sleep(0.02)
+        """The sweep's queue lock for the queue's whole life (rgt_runlayout.take_lock), or False when another queue
+        holds it."""
+        self.lock_handle = rl.take_lock(os.path.join(self.meta, "queue.lock"))
+        return self.lock_handle is not None
 
     def paths(self, spec, cell):
         return rl.RunPaths(rl.expand_root(spec["durable_root"]), spec["project"], cell)

@@ -41,7 +41,6 @@ GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
 GPU_HEADER = "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c"
 DEFAULTS = {"heartbeat_interval_s": 5, "gpu_sample_interval_s": 30, "grace_s": 30, "ckpt_glob": "*"}
 TICK_S = 0.2
-LOCK_RETRY_S = 1.0  # how long a held lock is tried again (a look at it holds it for an instant)
 # What the end records need on a full disk: a few 4 KiB blocks (heartbeat, end line, log trailer, exit.json) and
 # one inode (exit.json; the heartbeat's temp file gives its inode back on rename). 64 KiB leaves room for
 # filesystem metadata.
@@ -225,22 +224,10 @@ class Wrapper:
 
     # -- lock
     def take_lock(self):
-        """The run's flock, or False when another wrapper holds it. A look at the lock (rgt_runlayout.lock_held,
-        from status, the launch or a sweep queue) holds it for an instant: it is tried again for LOCK_RETRY_S
-        before this wrapper takes the run for live."""
-        import fcntl
-        self.lock_handle = open(self.paths.lock, "a+")
-        deadline = time.time() + LOCK_RETRY_S
-        while True:
-            try:
-                fcntl.flock(self.lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-            if time.time() > deadline:
-                return False
-            time.sleep(0.02)
+        """The run's flock for the wrapper's whole life (rgt_runlayout.take_lock), or False when another wrapper
+        holds it."""
+        self.lock_handle = rl.take_lock(self.paths.lock)
+        return self.lock_handle is not None
 
     # -- signals
     def on_stop(self, signum, _frame):
