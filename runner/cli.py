@@ -546,8 +546,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
-    """Everything that can reject input, done before any host is touched. `plan` (train -C): a Kubernetes host is
-    not refused for its detach primitive (the plan shows its manifests and launches nothing)."""
+    """Everything that can reject input, done before any host is touched. `plan`: for train -C (a sweep's roster
+    is shown, not kept)."""
     origins: dict[str, str] = {}
     extravars = parse_extravars(args.extra_vars, origins)
     for name in CONFIRM_VARS:
@@ -572,7 +572,7 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
     swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
                            recalling=playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars)
     # a detach primitive not built yet: refused before any box
-    profiles.check_launch(playbook.stem, [h for h in hosts if not (plan and k8s.is_k8s(h.profile))])
+    profiles.check_launch(playbook.stem, hosts)
     # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
     ssh_hosts = [h for h in hosts if not k8s.is_k8s(h.profile)]
     if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)
@@ -601,8 +601,8 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
 
 
 def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
-    from rgt import report
-    from rgt.phases import run_playbook
+    from rgt import k8s_run, report
+    from rgt.phases import PhaseResult, new_ident, run_playbook
 
     resolved = paths.resolve_playbook(args.playbook) if args.playbook else None
     if (args.check and resolved == paths.PLAYBOOKS_DIR / "train.yml" and not args.tags and not args.skip_tags):
@@ -611,14 +611,27 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
         return plan.cmd_plan(args, console)  # -C on train: the plan per host, no box contacted
     smoke_only = resolved is not None and resolved.stem == "smoke"
     playbook, hosts, extravars = prepare(args, pins=not smoke_only)
+    # a Kubernetes host's run is a Job the engine applies from here; its manifests are validated before any host
+    # (box or cluster) is touched
+    on_cluster, on_boxes = k8s_run.split(hosts)
+    k8s_run.refuse_play(playbook.stem, on_cluster)
+    planned = k8s_run.plan_launch(on_cluster) if on_cluster else {}
     ledger = ledger_dir(args.ledger)
     if not smoke_only:
         report.first_contact(console, ledger, hosts)
     console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "
                   + ", ".join(f"{h.name} ({h.vars['rgt_profile']})" for h in hosts))
-    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
-                          extravars=extravars, limit=args.limit, tags=args.tags, skip_tags=args.skip_tags,
-                          check=args.check, verbosity=args.verbose)
+    if on_boxes or not on_cluster:
+        result = run_playbook(playbook, args.inventory, on_boxes, ledger=ledger, console=console,
+                              extravars=extravars, limit=",".join(h.name for h in on_boxes) if on_cluster
+                              else args.limit, tags=args.tags, skip_tags=args.skip_tags, check=args.check,
+                              verbosity=args.verbose)
+    else:
+        shown = playbook.relative_to(paths.REPO_ROOT) if playbook.is_relative_to(paths.REPO_ROOT) else playbook
+        result = PhaseResult(playbook=str(shown), ident=new_ident(playbook), rc=0, status="successful")
+    if planned and not args.check:
+        result.hosts.update(k8s_run.start_k8s_job(planned, console))
+        memory.remember_launches(ledger, on_cluster, result)
     doc = report.summarize(console, result, hosts, ledger, args.inventory)
     emit(doc, args.json)
     return doc["exit_code"]

@@ -2,23 +2,48 @@
 offline by kubernetes-validate (the Kubernetes OpenAPI schema of the stated version, `--strict`: unknown fields
 are errors) and by rgt_k8s's own rules, rendered as YAML. Nothing here talks to a cluster.
 
+The run dir is staged onto the claim without `kubectl exec`: manifests_for reads what the init container installs
+(the stage script, the wrapper and rgt_runlayout from this repo, job.json from rgt_runlayout.job_document, and the
+code tree as a deterministic tar.gz) and rgt_k8s puts it into the run's ConfigMap (at most 1 MiB in Kubernetes;
+refused over STAGE_MAX_BYTES). The same spec and code give byte-identical manifests.
+
 kubernetes-validate is an optional dependency (the `k8s` extra, pinned in pyproject.toml); without it a kubernetes
 plan fails naming the install command. docs/kubernetes.md says what is checked and what is not.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import io
+import json
 import os
+import stat
+import tarfile
 from functools import lru_cache
+from pathlib import Path
 
 import yaml
 
-from rgt import paths, profiles
+from rgt import jobspec, paths, profiles
 from rgt.errors import InputError, RgtError
 
 VALIDATOR = "kubernetes-validate"
 VALIDATOR_PIN = "kubernetes-validate==1.37.0"
 MANIFEST_DIR = ".rgt/k8s"  # under the run dir: where the manifests of a run are written
+# what the stage container installs, from this repo (the launch role ships the same two files to a box)
+STAGE_SOURCES = {"rgt_k8s_stage.py": ("roles", "launch_detached", "files", "rgt_k8s_stage.py"),
+                 "wrapper.py": ("roles", "launch_detached", "files", "rgt_wrapper.py"),
+                 "rgt_runlayout.py": ("plugins", "module_utils", "rgt_runlayout.py")}
+# A ConfigMap holds at most 1 MiB (data + binaryData, base64 counted); the rest is left for the metadata
+STAGE_MAX_BYTES = 900 * 1024
+# code that large cannot compress into STAGE_MAX_BYTES (that would be over 36x): refused before it is read
+STAGE_CODE_RAW_MAX = 32 * 1024 * 1024
+STAGE_TOO_BIG_FIX = "bake the code into rgt_job.k8s.image and set rgt_job.k8s.workdir"
+# job.json's launched_at on Kubernetes: the Job's creationTimestamp is the launch time, and nothing on the box reads
+# launched_at; a fixed value keeps the manifests byte-identical for the same spec (a plan and the apply agree)
+STAGED_LAUNCHED_AT = "1970-01-01T00:00:00Z"
 
 # where a field of the generated manifests comes from in the job spec (the longest matching prefix wins)
 _SOURCES = (
@@ -29,6 +54,9 @@ _SOURCES = (
     (("spec", "template", "spec", "containers", 0, "image"), "rgt_job.k8s.image"),
     (("spec", "template", "spec", "containers", 0, "env"), "rgt_job.env"),
     (("spec", "template", "spec", "containers", 0, "command"), "rgt_job.python"),
+    (("spec", "template", "spec", "initContainers", 0, "image"), "rgt_job.k8s.image"),
+    (("spec", "template", "spec", "initContainers", 0, "command"), "rgt_job.python"),
+    (("binaryData",), "rgt_job.code_dir"),
     (("spec", "backoffLimit"), "rgt_job.k8s.backoff_limit"),
     (("spec", "activeDeadlineSeconds"), "rgt_job.k8s.active_deadline_s"),
     (("spec", "storageClassName"), "rgt_job.k8s.pvc.storage_class"),
@@ -123,14 +151,131 @@ def to_yaml(doc: dict) -> str:
     return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, allow_unicode=True)
 
 
-def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: str | None = None) -> dict:
-    """The validated manifests of one run: {dir, kubernetes_version, validator, files: [{file, kind, name,
-    yaml}]}. InputError for bad input or a manifest that does not validate; nothing is written."""
+def code_tarball(src: str, ignore_file: str | None = None) -> dict:
+    """The code tree at `src` as the stage ships it: the files upload_resume would ship (rgt_tree: the ignore rules,
+    hash8 -> code-<hash8>) in a deterministic tar.gz (sorted by path, mtime 0, uid/gid 0 and no owner names, mode
+    0755 for an executable file else 0644, gzip without a name or time). InputError for a symlink in the tree (the
+    stage takes plain files only) or a tree that cannot fit the ConfigMap; {hash8, files, bytes, data, sha256}."""
+    tree = paths.module_util("rgt_tree")
+    try:
+        manifest = tree.build_manifest(src, ignore_file)
+    except tree.TreeError as exc:
+        raise RgtError(f"cannot read the code tree {src}: {exc}", fix="make the files readable") from exc
+    if manifest["symlinks"]:
+        raise InputError(f"rgt_job.code_dir {src} holds a symlink ({manifest['symlinks'][0]}), and the code is "
+                         "staged onto the claim as plain files only", fix=f"replace {manifest['symlinks'][0]} by "
+                         "the file itself, or list it in .rgtignore", field="rgt_job.code_dir")
+    if manifest["bytes"] > STAGE_CODE_RAW_MAX:
+        raise InputError(f"rgt_job.code_dir {src} holds {manifest['bytes']} bytes, and the staged code travels in a "
+                         f"ConfigMap of at most 1 MiB", fix=STAGE_TOO_BIG_FIX, field="rgt_job.code_dir")
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for item in manifest["manifest"]:  # sorted by path
+            path = os.path.join(manifest["src"], item["path"])
+            with open(path, "rb") as handle:
+                info = tarfile.TarInfo(item["path"])
+                st = os.fstat(handle.fileno())
+                if st.st_size != item["bytes"]:
+                    raise RgtError(f"{path} changed while the code was read", fix="run it again once the tree "
+                                   "is quiet")
+                info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = st.st_size, 0, 0, 0, "", ""
+                info.mode = 0o755 if st.st_mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH) else 0o644
+                tar.addfile(info, handle)
+    data = buf.getvalue()
+    return {"hash8": manifest["hash8"], "files": manifest["files"], "bytes": manifest["bytes"], "data": data,
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _repo_text(parts: tuple[str, ...]) -> str:
+    return paths.REPO_ROOT.joinpath(*parts).read_text(encoding="utf-8")
+
+
+def _omp(job: dict) -> int | None:
+    """OMP_NUM_THREADS for job.json: only what rgt_job.env sets (the pod's CPU limit is the cluster's business)."""
+    try:
+        value = int(str((job.get("env") or {}).get("OMP_NUM_THREADS")))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _placeholder(name: str, data: bytes, what: str) -> str:
+    return f"<{name}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}; {what}>"
+
+
+def shown(doc: dict) -> dict:
+    """A manifest as the plan shows it: a ConfigMap's scripts and code tarball as placeholders (size, sha256), its
+    job.json in full; other kinds as they are."""
+    if doc.get("kind") != "ConfigMap":
+        return doc
+    out = dict(doc, data=dict(doc.get("data") or {}))
+    for name in STAGE_SOURCES:
+        if name in out["data"]:
+            out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "from " + "/".join(
+                STAGE_SOURCES[name]))
+    if doc.get("binaryData"):
+        out["binaryData"] = {name: _placeholder(name, base64.b64decode(blob), "base64 in the applied manifest")
+                             for name, blob in doc["binaryData"].items()}
+    return out
+
+
+def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict, code_src: str | None,
+              ignore_file: str | None) -> tuple[dict, dict]:
+    """What the stage container installs ({file: content}, rgt_k8s.build's `stage`) and a summary for the plan
+    ({name, bytes, limit, code_dir, code: {hash8, files, bytes, tar_bytes, sha256} | None})."""
+    k8s = lib()
+    network = (profile or {}).get("network") or {}
+    if network.get("proxy_hook"):
+        raise InputError(f"host '{host}': the profile's network.proxy_hook would be staged in a ConfigMap, which is "
+                         "not secret", fix="set the proxy through network.env, or bake it into the image",
+                         field="network.proxy_hook")
+    if not job.get("command"):
+        raise InputError(f"host '{host}': the job spec has no command", fix="set rgt_job.command",
+                         field="rgt_job.command")
+    code = None
+    if job.get("code_dir"):
+        src = code_src or jobspec.resolve_paths(job, Path.cwd())["code_dir"]
+        if not os.path.isdir(src):
+            raise InputError(f"host '{host}': rgt_job.code_dir {job['code_dir']!r} is not a directory ({src})",
+                             fix="set rgt_job.code_dir to the local directory to ship", field="rgt_job.code_dir")
+        code = code_tarball(src, ignore_file)
+    code_dir = k8s.code_dir(job, run_paths, code and code["hash8"])
+    env = {str(k): str(v) for k, v in (network_env or {}).items()}
+    env.update({str(k): "" if v is None else str(v) for k, v in (job.get("env") or {}).items()})
+    doc = paths.module_util("rgt_runlayout").job_document(
+        run_paths, job, code_dir, _omp(job), job["python"], None, env, None, k8s.grace_s(profile),
+        launched_at=STAGED_LAUNCHED_AT)
+    stage = {name: _repo_text(parts) for name, parts in STAGE_SOURCES.items()}
+    stage["job.json"] = json.dumps(doc, sort_keys=True, indent=1) + "\n"
+    if code is not None:
+        stage[k8s.STAGE_CODE] = code["data"]
+    size = sum(len(v.encode("utf-8")) for k, v in stage.items() if k != k8s.STAGE_CODE)
+    size += 4 * ((len(code["data"]) + 2) // 3) if code is not None else 0  # base64
+    if size > STAGE_MAX_BYTES:
+        raise InputError(f"host '{host}': the run's stage (wrapper, job.json and the code of rgt_job.code_dir as "
+                         f"tar.gz) is {size} bytes, over the {STAGE_MAX_BYTES} a Kubernetes ConfigMap can carry "
+                         "(1 MiB)", fix=STAGE_TOO_BIG_FIX, field="rgt_job.code_dir")
+    summary = {"name": k8s.stage_name(run_paths), "bytes": size, "limit": STAGE_MAX_BYTES, "code_dir": code_dir,
+               "code": None if code is None else {"hash8": code["hash8"], "files": code["files"],
+                                                  "bytes": code["bytes"], "tar_bytes": len(code["data"]),
+                                                  "sha256": code["sha256"]}}
+    return stage, summary
+
+
+def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: str | None = None,
+                  code_src: str | None = None, ignore_file: str | None = None) -> dict:
+    """The validated manifests of one run: {dir, primitive, built, secret_name, kubernetes_version, validator,
+    stage, files: [{file, kind, name, namespace, yaml}], documents}. `code_src` is the local code dir (default:
+    rgt_job.code_dir against the current directory), `ignore_file` upload_resume's. `files` is what a plan shows
+    (a ConfigMap's scripts and code as placeholders: `shown`); `documents` are the full manifests in apply order,
+    for the engine. InputError for bad input or a manifest that does not validate; nothing is written."""
     k8s = lib()
     network_env = profiles.render_env(profile, run_paths.durable_root, scratch_root or run_paths.durable_root)
     try:
-        manifests = k8s.build(job, profile, run_paths, network_env)
         version = k8s.settings(job)["kubernetes_version"]
+        stage, summary = stage_for(host, profile, job, run_paths, network_env, code_src, ignore_file)
+        manifests = k8s.build(job, profile, run_paths, network_env, stage)
     except k8s.K8sError as exc:
         raise InputError(f"host '{host}': {exc.message}", fix=exc.fix, field=exc.field) from exc
     minor = validate(manifests, version, host)
@@ -143,6 +288,9 @@ def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: 
         "secret_name": (job.get("k8s") or {}).get("secret_name"),
         "kubernetes_version": minor,
         "validator": f"{VALIDATOR} {kv.__version__} --strict",
+        "stage": summary,
         "files": [{"file": name, "kind": doc["kind"], "name": doc["metadata"]["name"],
-                   "namespace": doc["metadata"].get("namespace"), "yaml": to_yaml(doc)} for name, doc in manifests],
+                   "namespace": doc["metadata"].get("namespace"), "yaml": to_yaml(shown(doc))}
+                  for name, doc in manifests],
+        "documents": [doc for _name, doc in manifests],
     }

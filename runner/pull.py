@@ -109,12 +109,15 @@ def sweep_manifest(root, host, entry: dict, console: Console) -> str | None:
 def rounds(hosts: list) -> list[list]:
     """The collect plays of a pull: every host in the first; a sweep host once per cell (its k-th cell in the
     k-th play)."""
+    if not hosts:
+        return []
     most = max([len(h.recalled["cells"]) for h in hosts if h.sweep] or [1])
     return [[h for h in hosts if (h.sweep and k < len(h.recalled["cells"])) or (not h.sweep and k == 0)]
             for k in range(most)]
 
 
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
+    from rgt import k8s_run
     from rgt.cli import prepare
     from rgt.ledger import ledger_dir, runs_dir
     from rgt.phases import run_playbook
@@ -130,12 +133,20 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     docs: dict[str, dict] = {}
     results = []
     by_name = {h.name: h for h in hosts}
-    for index, members in enumerate(rounds(hosts)):  # a sweep host pulls one cell per round: collect is per run
+    on_cluster, boxes = k8s_run.split(hosts)
+    if on_cluster:  # seal on the claim, copy through a helper pod, verify here (rgt.k8s_run)
+        results.append(k8s_run.pull(on_cluster, root, bool(args.verify_only), console))
+        for host in on_cluster:
+            docs[host.name] = host_doc(host.name, results[-1].hosts.get(host.name))
+            console.print(f"[{'green' if docs[host.name]['verified'] else 'red'}]"
+                          f"{host_line(host.name, docs[host.name])}[/]")
+    for index, members in enumerate(rounds(boxes)):  # a sweep host pulls one cell per round: collect is per run
         for host in members:
             if host.sweep:
                 host.recalled = {**host.recalled, "job": host.recalled["cells"][index]}
         result = run_playbook(playbook, args.inventory, members, ledger=ledger, console=console,
-                              extravars=extravars, limit=",".join(h.name for h in members) if index else args.limit,
+                              extravars=extravars,
+                              limit=",".join(h.name for h in members) if index or on_cluster else args.limit,
                               quiet=not args.verbose, verbosity=args.verbose or 0)
         results.append(result)
         for host in members:
@@ -158,7 +169,8 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
                 entry["sweep_manifest"] = sweep_manifest(root, by_name[name], entry, console)
     result = results[0]
     code = errors.worst(r.exit_code for r in results)
-    verified = [h for h in hosts if docs[h.name]["verified"]]  # a sweep host: every cell; one page per sweep
+    # a sweep host: every cell; one page per sweep (a Kubernetes host's report needs its box's records: not made)
+    verified = [h for h in boxes if docs[h.name]["verified"]]
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
         from rgt import runreport
 

@@ -147,14 +147,17 @@ def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
 def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
     """One status round over `hosts` (rgt.sshround: parallel multiplexed SSH, the module's own code on the box);
     returns {host: doc} (recorded in the ledger). A host whose connection or status arguments are Ansible
-    templates is looked at by monitor.yml instead (only Ansible can evaluate them)."""
-    from rgt import sshround
+    templates is looked at by monitor.yml instead (only Ansible can evaluate them); a Kubernetes host through
+    kubectl (rgt.k8s_run)."""
+    from rgt import k8s_run, sshround
 
-    by_round = [h for h in hosts if sshround.can_round(args.inventory, h, extravars)]
-    by_play = [h for h in hosts if h not in by_round]
+    on_cluster, boxes = k8s_run.split(hosts)
+    by_round = [h for h in boxes if sshround.can_round(args.inventory, h, extravars)]
+    by_play = [h for h in boxes if h not in by_round]
     outcomes = sshround.status_round(args.inventory, by_round, extravars) if by_round else {}
     now = time.time()
     docs = {name: round_doc(name, outcome, now) for name, outcome in outcomes.items()}
+    docs.update({h.name: k8s_run.status_doc(h, now) for h in on_cluster})  # kubectl get job, pods
     if by_play:
         docs.update(poll_play(args, console, by_play, extravars, ledger))
     return {h.name: record(ledger, h.name, docs[h.name], now) for h in hosts}
@@ -355,11 +358,19 @@ def is_terminal(doc: dict, resumable: bool = False) -> bool:
 
 def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, extravars: dict | None = None,
              ledger: Path | None = None, host_objs: list | None = None) -> int:
-    """Relaunch preempted runs with their old code (attempt n+1) through playbooks/launch_detached.yml."""
-    from rgt import paths
+    """Relaunch preempted runs with their old code (attempt n+1) through playbooks/launch_detached.yml (a
+    Kubernetes host: its Job again, rgt.k8s_run)."""
+    from rgt import k8s_run, paths
     from rgt.phases import run_playbook
 
     ledger = ledger or ledger_dir(args.ledger)
+    if host_objs is not None and any(k8s_run.is_k8s(h) for h in host_objs if h.name in hosts):
+        on_cluster, boxes = k8s_run.split([h for h in host_objs if h.name in hosts])
+        code = k8s_run.relaunch(on_cluster, console, ledger)
+        if not boxes:
+            return code
+        return errors.worst([code, relaunch(args, console, [h.name for h in boxes], extravars=extravars,
+                                            ledger=ledger, host_objs=boxes)])
     playbook = paths.PLAYBOOKS_DIR / "launch_detached.yml"
     if not playbook.is_file():
         console.print(f"[red]cannot relaunch[/red] {', '.join(hosts)}: {playbook} does not exist")

@@ -169,6 +169,9 @@ def render_plan(console: Console, item: dict) -> None:
     if item.get("slurm_jobs"):
         console.print("  cancels the Slurm jobs (each that is still queued or running): "
                       + escape(", ".join(item["slurm_jobs"])))
+    if item.get("k8s_jobs"):
+        console.print("  deletes the Kubernetes Jobs (their pods first; the claim is kept): "
+                      + escape(", ".join(f"{j['job']} ({j['state']})" for j in item["k8s_jobs"])))
     for line in item["keeps_billing"]:
         console.print(f"  [yellow]keeps billing:[/yellow] {escape(line)}")
     for line in item["clocks"]:
@@ -247,6 +250,7 @@ def _look_code(items: list[dict]) -> int:
 
 
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
+    from rgt import k8s_run
     from rgt.cli import prepare
     from rgt.phases import run_playbook
 
@@ -256,17 +260,21 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
     instances = instances_of(hosts, args.inventory, args.limit)
+    # a Kubernetes host has no box to look at: its Jobs are looked at (and deleted) with kubectl (rgt.k8s_run)
+    on_cluster = {i.instance_id for i in instances if all(k8s_run.is_k8s(h) for h in i.hosts)}
+    boxes = [h for i in instances if i.instance_id not in on_cluster for h in i.hosts]
     doc: dict = {"command": "teardown", "ledger": str(ledger), "runs_dir": str(runs), "instances": {}, "hosts": {}}
 
     # 1. look at every box, read-only: the listing play ends before the gate and the verb (and runs in check mode)
     console.print(f"[bold]rgt[/bold] teardown: looking at {len(instances)} box(es) before asking anything "
                   "(read-only): " + ", ".join(f"{escape(i.instance_id)} ({', '.join(i.names)})" for i in instances))
-    look = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console,
+    look = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
                         extravars={**extravars, "rgt_runs_dir": str(runs), "teardown_plan_only": True},
-                        limit=",".join(h.name for h in hosts), check=True, quiet=not args.verbose,
-                        verbosity=args.verbose)
+                        limit=",".join(h.name for h in boxes), check=True, quiet=not args.verbose,
+                        verbosity=args.verbose) if boxes else None
     lib = manifest_lib()
-    items = [assess(inst, look, runs, lib) for inst in instances]
+    items = [k8s_run.assess(inst, ledger, runs, lib) if inst.instance_id in on_cluster
+             else assess(inst, look, runs, lib) for inst in instances]
     for item in items:
         render_plan(console, item)
         doc["instances"][item["instance_id"]] = item
@@ -297,7 +305,16 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
         doc["instances"][iid].update(refused=True, reason=reason)
         host_entries(doc["instances"][iid], refused=True, reason=reason, status="refused")
     code = errors.REFUSED if refused else errors.OK
-    run_hosts = [h for iid in confirmed for h in by_id[iid].hosts]
+    for iid in [i for i in confirmed if i in on_cluster]:
+        console.print(f"\n[bold]rgt[/bold] teardown of {escape(iid)}: deleting its Jobs")
+        outcome = k8s_run.tear_down(by_id[iid], doc["instances"][iid], ledger)
+        doc["instances"][iid]["outcome"] = outcome
+        host_entries(doc["instances"][iid], refused=False, final_state=outcome["final_state"],
+                     status=outcome["status"], messages=outcome["messages"])
+        _print_outcome(console, doc["instances"][iid], outcome)
+        if outcome["status"] != "done":
+            code = errors.worst([code, errors.FAILED])
+    run_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
     if run_hosts:
         evars = {**extravars, "rgt_runs_dir": str(runs),
                  "rgt_teardown_confirms": {h.name: h.instance_id for h in run_hosts}}
@@ -312,8 +329,7 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
             host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
                          status=outcome["status"], messages=outcome["messages"])
             _print_outcome(console, doc["instances"][iid], outcome)
-        run_code = result.exit_code
-        code = errors.REFUSED if (refused or run_code == errors.REFUSED) else run_code
+        code = errors.worst([code, result.exit_code])
     return _finish(console, doc, code, args)
 
 

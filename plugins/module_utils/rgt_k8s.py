@@ -5,17 +5,28 @@
 the rgt wrapper in the user's image, with the run dir on a PersistentVolumeClaim mounted at the durable root, and
 the claim itself unless the job spec names an existing one. Pure: dicts in, dicts out; nothing is applied here.
 
-- ``build(job, profile, paths, network_env)``: the manifests as ``[(file name, manifest)]`` in apply order
-  (``pvc.yaml`` first when rgt generates the claim, then ``job.yaml``). ``job`` is the job spec (``rgt_job``; its
-  block ``k8s`` is docs/kubernetes.md), ``profile`` the host's profile (``spot.grace_s``), ``paths`` the run's
-  ``rgt_runlayout.RunPaths`` (durable root, project, run id, run dir, wrapper path), ``network_env`` the profile's
-  rendered ``network.env``. Bad input raises ``K8sError(field, message, fix)``.
+- ``build(job, profile, paths, network_env, stage)``: the manifests as ``[(file name, manifest)]`` in apply order
+  (``pvc.yaml`` first when rgt generates the claim, then ``stage.yaml``, then ``job.yaml``). ``job`` is the job
+  spec (``rgt_job``; its block ``k8s`` is docs/kubernetes.md), ``profile`` the host's profile (``spot.grace_s``),
+  ``paths`` the run's ``rgt_runlayout.RunPaths`` (durable root, project, run id, run dir, wrapper path),
+  ``network_env`` the profile's rendered ``network.env``, ``stage`` what the run dir is staged from (below).
+  Bad input raises ``K8sError(field, message, fix)``.
+- Staging (no ``kubectl exec``): ``stage`` maps the ConfigMap's files to their contents, read by the caller
+  (runner/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``job.json`` (text) and, when the
+  code is shipped (``rgt_job.code_dir``), ``code.tar.gz`` (bytes). They become the ConfigMap ``stage.yaml``, and
+  the pod gets an init container ``stage`` in the user's image that runs ``rgt_k8s_stage.py <run_dir>`` with the
+  claim at the durable root and the ConfigMap read-only at ``/rgt-stage``: it installs the wrapper, job.json and
+  ``code-<hash8>/`` on the claim at every pod start (roles/launch_detached/files/rgt_k8s_stage.py). Without
+  ``stage`` the Job expects a run dir staged otherwise. ``code_dir(job, paths, hash8)`` is the code dir job.json
+  names: ``code-<hash8>`` of the shipped code, else ``rgt_job.k8s.workdir`` (the code in the image).
 - ``check(manifests, job, profile, paths)``: the rules the OpenAPI schema cannot say (kubernetes-validate checks
   types, required fields and unknown fields; the runner runs it): ``restartPolicy`` Never or OnFailure, an
   ``nvidia.com/gpu`` limit equal to the job's GPU count, the claim name of the durable volume matching the claim,
-  the volume mounted at the durable root, ``terminationGracePeriodSeconds`` equal to the job's grace, and secrets
+  the volume mounted at the durable root, ``terminationGracePeriodSeconds`` the job's grace + END_RECORDS_S, secrets
   only by reference (no ``value`` for a secret's name, every ``secretKeyRef``/``secretRef`` naming the job's
-  Secret, no Secret object). Returns ``[(field, message, fix)]``, empty when the manifests pass.
+  Secret, no Secret object), and when the run is staged: the stage container mounts the claim at the durable root
+  and the stage volume, and that volume is the ConfigMap among the manifests. Returns ``[(field, message, fix)]``,
+  empty when the manifests pass.
 - ``label_value(name)`` / ``object_name(*parts)``: Kubernetes-safe forms of rgt names (run id, project), derived
   deterministically; the exact names ride along as annotations.
 
@@ -29,8 +40,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
 import hashlib
 import json
+import posixpath
 import re
 
 DEFAULT_VERSION = "1.37"  # the Kubernetes minor validated against unless rgt_job.k8s.kubernetes_version says
@@ -38,6 +51,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 RESTART_POLICIES = ("Never", "OnFailure")
 DEFAULT_RESTART_POLICY = "Never"  # a failed attempt stays failed; rgt decides what is relaunched
 DEFAULT_BACKOFF_LIMIT = 0  # Kubernetes' default (6) would rerun a failed job: rgt never relaunches a failed run
+END_RECORDS_S = 10  # the pod's grace beyond the job's: the wrapper's heartbeat, end line, log trailer, exit.json
+ENTRYPOINT_ENV = "RGT_CONTAINER_ENTRYPOINT"  # tells the wrapper it is PID 1 of a container (rgt_wrapper.py)
 DEFAULT_GRACE_S = 30  # the launch's rule (roles/launch_detached/defaults: spot.grace_s or 30, at least 5)
 MIN_GRACE_S = 5
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod")
@@ -46,6 +61,13 @@ CONTAINER = "job"
 VOLUME = "durable"
 JOB_FILE = "job.yaml"
 PVC_FILE = "pvc.yaml"
+STAGE_FILE = "stage.yaml"
+STAGE_CONTAINER = "stage"  # the init container that stages the run dir on the claim
+STAGE_VOLUME = "rgt-stage"
+STAGE_MOUNT = "/rgt-stage"  # where the ConfigMap is mounted read-only in the stage container
+STAGE_SCRIPT = "rgt_k8s_stage.py"
+STAGE_TEXT_FILES = (STAGE_SCRIPT, "wrapper.py", "rgt_runlayout.py", "job.json")  # the ConfigMap's data
+STAGE_CODE = "code.tar.gz"  # its binaryData, when the code is shipped
 LABEL_PROJECT = "rgt/project"
 LABEL_RUN_ID = "rgt/run-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -102,6 +124,12 @@ def grace_s(profile):
     return max(int(value or DEFAULT_GRACE_S), MIN_GRACE_S)
 
 
+def pod_grace_s(profile):
+    """The pod's terminationGracePeriodSeconds: the job's grace (the wrapper forwards SIGTERM, waits that long, then
+    kills the job) plus END_RECORDS_S for the wrapper's end records before the kubelet's SIGKILL."""
+    return grace_s(profile) + END_RECORDS_S
+
+
 def gpu_count(job):
     return int(((job or {}).get("gpu") or {}).get("count") or 0)
 
@@ -147,6 +175,14 @@ def settings(job):
                        "from a Secret, by reference" % ", ".join(secrets),
                        "create a Secret holding one key per name (kubectl create secret generic NAME "
                        "--from-literal=%s=...) and set rgt_job.k8s.secret_name to its name" % secrets[0])
+    workdir = k8s.get("workdir")
+    if workdir is not None and not (isinstance(workdir, str) and posixpath.isabs(workdir)):
+        raise K8sError("rgt_job.k8s.workdir", "%r is not an absolute path" % (workdir,),
+                       "set rgt_job.k8s.workdir to the absolute path of the code inside the image, e.g. /app")
+    if workdir is not None and job.get("code_dir"):
+        raise K8sError("rgt_job.k8s.workdir", "the job ships its code (rgt_job.code_dir) and also names code in the "
+                       "image (rgt_job.k8s.workdir)", "keep one: code_dir to ship the code, or workdir for code "
+                       "baked into rgt_job.k8s.image")
     for name in sorted(job.get("env") or {}):
         if name in secrets:
             raise K8sError("rgt_job.env.%s" % name, "%s is both a plain env value and a secret" % name,
@@ -159,7 +195,23 @@ def settings(job):
         "storage": None if claim else str(pvc["storage"]), "storage_class": pvc.get("storage_class"),
         "access_mode": pvc.get("access_mode", DEFAULT_ACCESS_MODE), "secret_name": secret_name,
         "secrets": secrets, "kubernetes_version": str(k8s.get("kubernetes_version") or DEFAULT_VERSION),
+        "workdir": workdir,
     }
+
+
+def code_dir(job, paths, hash8=None):
+    """The dir the job runs in, as job.json names it: <run_dir>/code-<hash8> of the shipped code (rgt_job.code_dir;
+    hash8 = rgt_tree's hash of it), else rgt_job.k8s.workdir, the code baked into the image. K8sError when the
+    job spec gives neither."""
+    if (job or {}).get("code_dir"):
+        return paths.code_dir(hash8)
+    workdir = settings(job)["workdir"]
+    if not workdir:
+        raise K8sError("rgt_job.k8s.workdir", "the job spec ships no code (no rgt_job.code_dir), so the code must "
+                       "be in the image, and rgt_job.k8s.workdir does not say where",
+                       "set rgt_job.k8s.workdir to the absolute path of the code inside rgt_job.k8s.image, or set "
+                       "rgt_job.code_dir to ship the code")
+    return workdir
 
 
 def claim_name(job, project):
@@ -173,6 +225,11 @@ def job_name(paths):
     return object_name("rgt", paths.project, paths.run_id)
 
 
+def stage_name(paths):
+    """The run's staging ConfigMap: the Job's name + '-stage' (a DNS subdomain; a ConfigMap's name may be 253)."""
+    return job_name(paths) + "-stage"
+
+
 def _metadata(name, namespace, labels, annotations):
     meta = {"name": name, "labels": labels, "annotations": annotations}
     if namespace:
@@ -180,7 +237,21 @@ def _metadata(name, namespace, labels, annotations):
     return meta
 
 
-def build(job, profile, paths, network_env=None):
+def stage_config_map(paths, stage, namespace, labels, annotations):
+    """The ConfigMap the stage container reads: the text files as data, code.tar.gz (when shipped) as binaryData
+    (base64, as the API wants it)."""
+    missing = [name for name in STAGE_TEXT_FILES if not isinstance(stage.get(name), str)]
+    if missing:
+        raise ValueError("the stage lacks %s" % ", ".join(missing))
+    doc = {"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": _metadata(stage_name(paths), namespace, labels, annotations),
+           "data": dict((name, stage[name]) for name in STAGE_TEXT_FILES)}
+    if stage.get(STAGE_CODE) is not None:
+        doc["binaryData"] = {STAGE_CODE: base64.b64encode(stage[STAGE_CODE]).decode("ascii")}
+    return doc
+
+
+def build(job, profile, paths, network_env=None, stage=None):
     """[(file name, manifest)] of the run, in apply order. K8sError on bad input."""
     s = settings(job)
     project_labels = {LABEL_MANAGED_BY: "rgt", LABEL_PROJECT: label_value(paths.project)}
@@ -194,6 +265,7 @@ def build(job, profile, paths, network_env=None):
             env[str(name)] = {"name": str(name), "value": _env_value(value)}
     for name in s["secrets"]:
         env[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": s["secret_name"], "key": name}}}
+    env[ENTRYPOINT_ENV] = {"name": ENTRYPOINT_ENV, "value": "1"}  # the log to stdout, the outcome as exit code
     container = {
         "name": CONTAINER,
         "image": s["image"],
@@ -206,7 +278,7 @@ def build(job, profile, paths, network_env=None):
         container["resources"] = {"limits": {GPU_RESOURCE: str(count)}}  # requests default to the limits
     pod = {
         "restartPolicy": s["restart_policy"],
-        "terminationGracePeriodSeconds": grace_s(profile),
+        "terminationGracePeriodSeconds": pod_grace_s(profile),
         "containers": [container],
         "volumes": [{"name": VOLUME, "persistentVolumeClaim": {"claimName": claim}}],
     }
@@ -216,6 +288,15 @@ def build(job, profile, paths, network_env=None):
         pod["tolerations"] = s["tolerations"]
     if s["service_account"]:
         pod["serviceAccountName"] = s["service_account"]
+    if stage is not None:
+        pod["initContainers"] = [{
+            "name": STAGE_CONTAINER,
+            "image": s["image"],
+            "command": [job["python"], posixpath.join(STAGE_MOUNT, STAGE_SCRIPT), paths.run_dir],
+            "volumeMounts": [{"name": VOLUME, "mountPath": paths.durable_root},
+                             {"name": STAGE_VOLUME, "mountPath": STAGE_MOUNT, "readOnly": True}],
+        }]
+        pod["volumes"].append({"name": STAGE_VOLUME, "configMap": {"name": stage_name(paths)}})
     spec = {"backoffLimit": s["backoff_limit"],
             "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod}}
     if s["active_deadline_s"] is not None:
@@ -229,6 +310,8 @@ def build(job, profile, paths, network_env=None):
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _metadata(claim, s["namespace"], project_labels, {ANNOTATION_PROJECT: paths.project}),
             "spec": pvc_spec}))
+    if stage is not None:
+        manifests.append((STAGE_FILE, stage_config_map(paths, stage, s["namespace"], labels, annotations)))
     manifests.append((JOB_FILE, {"apiVersion": "batch/v1", "kind": "Job",
                                  "metadata": _metadata(job_name(paths), s["namespace"], labels, annotations),
                                  "spec": spec}))
@@ -267,10 +350,10 @@ def check(manifests, job, profile, paths):
         problems.append(("rgt_job.k8s.restart_policy", "%s.restartPolicy is %r; a Job's pod must not restart "
                          "Always" % (where, restart), "use Never (the default) or OnFailure"))
     grace = grace_s(profile)
-    if pod.get("terminationGracePeriodSeconds") != grace:
+    if pod.get("terminationGracePeriodSeconds") != pod_grace_s(profile):
         problems.append(("spot.grace_s", "%s.terminationGracePeriodSeconds is %r, not the job's grace %d s (the "
-                         "profile's spot.grace_s)" % (where, pod.get("terminationGracePeriodSeconds"), grace),
-                         fix_regen))
+                         "profile's spot.grace_s) + %d s for the wrapper's end records"
+                         % (where, pod.get("terminationGracePeriodSeconds"), grace, END_RECORDS_S), fix_regen))
     containers = pod.get("containers") or []
     volumes = dict((v.get("name"), v) for v in pod.get("volumes") or [] if isinstance(v, dict))
     want_claim = claim_name(job, paths.project)
@@ -283,6 +366,7 @@ def check(manifests, job, profile, paths):
     if got_claim != want_claim:
         problems.append(("rgt_job.k8s.pvc.claim_name", "%s.volumes[%s] claims %r, not the durable root's claim %r"
                          % (where, VOLUME, got_claim, want_claim), fix_regen))
+    problems += _check_stage(manifests, pod, volumes, where, paths, fix_regen)
     count = gpu_count(job)
     for i, container in enumerate(containers):
         cwhere = "%s.containers[%d]" % (where, i)
@@ -325,4 +409,42 @@ def check(manifests, job, profile, paths):
         if missing and not any("secretRef" in e for e in container.get("envFrom") or []):
             problems.append(("rgt_job.secrets", "%s does not receive the secret(s) %s" % (cwhere, ", ".join(missing)),
                              fix_regen))
+    return problems
+
+
+def _check_stage(manifests, pod, volumes, where, paths, fix_regen):
+    """The staging rules: every init container mounts only volumes the pod has; when the run is staged (a stage
+    container, a stage volume or a ConfigMap), the stage container mounts the claim at the durable root and the
+    stage volume at STAGE_MOUNT, and that volume is the run's ConfigMap among the manifests."""
+    problems = []
+    inits = [c for c in pod.get("initContainers") or [] if isinstance(c, dict)]
+    for i, container in enumerate(inits):
+        for mount in container.get("volumeMounts") or []:
+            if isinstance(mount, dict) and mount.get("name") not in volumes:
+                problems.append(("rgt_job.k8s.pvc", "%s.initContainers[%d] mounts volume %r, which the pod does not "
+                                 "have" % (where, i, mount.get("name")), fix_regen))
+    stagers = [(i, c) for i, c in enumerate(inits) if c.get("name") == STAGE_CONTAINER]
+    cm_file, config_map = _kind(manifests, "ConfigMap")
+    if not stagers and STAGE_VOLUME not in volumes and config_map is None:
+        return problems  # not staged here
+    if not stagers:
+        return problems + [("rgt_job.k8s", "%s has no init container %r, so nothing stages the run dir (wrapper, "
+                            "job.json, code) on the claim" % (where, STAGE_CONTAINER), fix_regen)]
+    i, stager = stagers[0]
+    swhere = "%s.initContainers[%d]" % (where, i)
+    mounts = dict((m.get("name"), m) for m in stager.get("volumeMounts") or [] if isinstance(m, dict))
+    if (mounts.get(VOLUME) or {}).get("mountPath") != paths.durable_root:
+        problems.append(("rgt_durable_root", "%s does not mount the claim at the durable root %s"
+                         % (swhere, paths.durable_root), fix_regen))
+    if (mounts.get(STAGE_VOLUME) or {}).get("mountPath") != STAGE_MOUNT:
+        problems.append(("rgt_job.k8s", "%s does not mount the stage volume %r at %s" % (swhere, STAGE_VOLUME,
+                                                                                        STAGE_MOUNT), fix_regen))
+    referenced = ((volumes.get(STAGE_VOLUME) or {}).get("configMap") or {}).get("name")
+    have = (config_map.get("metadata") or {}).get("name") if config_map is not None else None
+    if config_map is None:
+        problems.append(("rgt_job.k8s", "no ConfigMap among the manifests, and %s.volumes[%s] references %r"
+                         % (where, STAGE_VOLUME, referenced), fix_regen))
+    elif referenced != have or have != stage_name(paths):
+        problems.append(("rgt_job.k8s", "%s.volumes[%s] references ConfigMap %r, and %s is %r (the run's is %r)"
+                         % (where, STAGE_VOLUME, referenced, cm_file, have, stage_name(paths)), fix_regen))
     return problems

@@ -39,7 +39,10 @@ try:  # the one name rule and the one relative-path rule (absent when this file 
         read_blocks,
     )
 except ImportError:  # pragma: no cover
-    check_name = check_relpath = read_blocks = None
+    try:  # flat, from one directory (the seal pod's ConfigMap: module_utils/rgt_seal)
+        from rgt_runlayout import check_name, check_relpath, read_blocks
+    except ImportError:
+        check_name = check_relpath = read_blocks = None
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -6,7 +6,8 @@ and whether it is built (usable now). To add one, add an entry here, then its im
 (``impl``); the unit tests (tests/unit/test_registry.py) hold the two together.
 
 - Detach primitives (a profile's ``detach.primitive`` / ``detach.fallback``): how the job wrapper keeps running
-  after SSH goes away. rgt_launch starts a built one with its function ``start_<impl>``.
+  after SSH goes away. rgt_launch starts a built one with its function ``start_<impl>``; one that runs on the
+  controller (k8s-job) is started by the runner's ``rgt.k8s_run.start_<impl>``, and rgt_launch refuses it.
 - Meter-stop verbs: how teardown stops paying. A profile's verb is ``meter_stop.api.client`` when it has an API
   (each control-plane client of rgt_cloud), else ``meter_stop.verb`` (scancel, delete_job, manual, none), and
   ``manual`` for an action word (terminate, release, ...) that has no API, only console steps. rgt_teardown runs
@@ -90,11 +91,10 @@ DETACH_PRIMITIVES = (
           True, impl="sbatch", runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
           profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",),
           sweeps="array"),
-    Entry("k8s-job", "a Kubernetes Job from generated manifests, the wrapper as the container's entrypoint", False,
-          runs_on="controller", binaries=("kubectl",), env=("KUBECONFIG",), profile_fields=("roots.durable (the PVC)",),
-          job_fields=("k8s", "python", "gpu.count", "env", "secrets"),
-          instead="a profile with detach tmux on a box you can SSH into (generic_ssh), or apply your own Job "
-                  "(`rgt-run train -C` prints the run's manifests, validated offline)"),
+    Entry("k8s-job", "a Kubernetes Job from generated manifests, the wrapper as the container's entrypoint, "
+          "applied by rgt-run from the controller", True, impl="k8s_job", runs_on="controller",
+          binaries=("kubectl",), env=("KUBECONFIG",), profile_fields=("roots.durable (the PVC)",),
+          job_fields=("k8s", "python", "gpu.count", "env", "secrets")),
     Entry("vast-onstart", "vast.ai's /root/onstart.sh, run on every container start, relaunches the wrapper", False,
           binaries=("bash",), profile_fields=("detach.primitive",),
           instead="detach tmux with fallback nohup (the vastai profile); `rgt-run watch` relaunches a preempted "
@@ -233,9 +233,10 @@ def not_built(entry):
         e.name for e in DETACH_PRIMITIVES if e.built))
 
 
-def launch_problem(primitive, fallback=None):
+def launch_problem(primitive, fallback=None, where="controller"):
     """(field, message, fix) when a launch through this detach primitive (and fallback) must be refused: a name
-    that is not registered, or one not built yet. None when the launch may go ahead. `auto` is tmux + nohup."""
+    that is not registered, one not built yet, or (``where="box"``: rgt_launch) one that is started from the
+    controller. None when the launch may go ahead. `auto` is tmux + nohup."""
     if primitive == AUTO:
         return None
     for field, name in (("detach.primitive", primitive), ("detach.fallback", fallback)):
@@ -248,6 +249,10 @@ def launch_problem(primitive, fallback=None):
         if not entry.built:
             message, fix = not_built(entry)
             return field, message, fix
+        if where != entry.runs_on and entry.runs_on == "controller":
+            return (field, "%r is started from the controller by rgt-run (%s), not by the launch role on a box: "
+                    "nothing was started" % (name, entry.what),
+                    "run `rgt-run train -i INVENTORY -e @job.yml` for this host")
     return None
 
 

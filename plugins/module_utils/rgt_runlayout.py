@@ -387,6 +387,47 @@ def cgroup_oom_kills():
     return None
 
 
+# the step and loss patterns the wrapper reads from job.log unless rgt_job.log_patterns names others
+DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
+
+
+def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hook, grace_s, launched_at=None):
+    """The run's .rgt/job.json (the wrapper's whole input, docs/internals.md "Run spine"), one home for every
+    launcher: the launch module on a box and the Kubernetes stage (built on the controller, installed by
+    rgt_k8s_stage.py). `paths` is the run's RunPaths, `job` the job spec (rgt_job, a sweep cell's own), `env` the
+    job's environment already merged and expanded by the caller (profile network env, then rgt_job.env), `omp` the
+    OMP_NUM_THREADS or None, `secrets_file` the file bash sources or None, `launched_at` an ISO time (default now).
+    Pure: nothing is read or written."""
+    checkpoint = job.get("checkpoint") or {}
+    patterns = dict(DEFAULT_LOG_PATTERNS)
+    patterns.update(job.get("log_patterns") or {})
+    return {
+        "schema": 1,
+        "run_id": paths.run_id,
+        "project": paths.project,
+        "run_dir": paths.run_dir,
+        "session": paths.session(),
+        "command": job["command"],
+        "python": python,
+        "code_dir": code_dir,
+        "env": dict(env or {}),
+        "secrets_file": secrets_file,
+        "proxy_hook": proxy_hook or None,
+        "grace_s": grace_s,
+        "ckpt_glob": checkpoint.get("glob") or "*",
+        "outputs": list(job.get("outputs") or []),
+        "log_patterns": patterns,
+        "expected_duration_s": job.get("expected_duration_s"),
+        "price_per_hour": job.get("price_per_hour"),
+        "heartbeat_interval_s": job.get("heartbeat_interval_s") or 5,
+        "gpu_sample_interval_s": job.get("gpu_sample_interval_s") or 30,
+        "stall_after_s": job.get("stall_after_s") or 600,
+        "omp_num_threads": omp,
+        "launched_at": launched_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "attempt_policy": {"auto_resume": bool(job.get("auto_resume", False))},
+    }
+
+
 # argument_spec entries of the run_layout doc fragment (plugins/doc_fragments/run_layout.py)
 RUN_LAYOUT_ARGS = dict(
     durable_root=dict(type="str", required=True),

@@ -253,7 +253,6 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayou
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
 CGROUP_ROOT = "/sys/fs/cgroup"
-DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
 
 
 
@@ -822,37 +821,11 @@ def launch_sweep(module, root, python, inc):
 
 
 def job_document(module, paths, job, code_dir, omp, python, secrets_file):
+    """job.json of this launch (rgt_runlayout.job_document) with this box's network env expanded ({user}, ~)."""
     p = module.params
-    checkpoint = job.get("checkpoint") or {}
-    patterns = dict(DEFAULT_LOG_PATTERNS)
-    patterns.update(job.get("log_patterns") or {})
     env = expand_env(p["network_env"])
     env.update(dict((str(k), "" if v is None else str(v)) for k, v in (job.get("env") or {}).items()))
-    return {
-        "schema": 1,
-        "run_id": paths.run_id,
-        "project": paths.project,
-        "run_dir": paths.run_dir,
-        "session": paths.session(),
-        "command": job["command"],
-        "python": python,
-        "code_dir": code_dir,
-        "env": env,
-        "secrets_file": secrets_file,
-        "proxy_hook": p["proxy_hook"] or None,
-        "grace_s": p["grace_s"],
-        "ckpt_glob": checkpoint.get("glob") or "*",
-        "outputs": list(job.get("outputs") or []),
-        "log_patterns": patterns,
-        "expected_duration_s": job.get("expected_duration_s"),
-        "price_per_hour": job.get("price_per_hour"),
-        "heartbeat_interval_s": job.get("heartbeat_interval_s") or 5,
-        "gpu_sample_interval_s": job.get("gpu_sample_interval_s") or 30,
-        "stall_after_s": job.get("stall_after_s") or 600,
-        "omp_num_threads": omp,
-        "launched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "attempt_policy": {"auto_resume": bool(job.get("auto_resume", False))},
-    }
+    return rl.job_document(paths, job, code_dir, omp, python, secrets_file, env, p["proxy_hook"], p["grace_s"])
 
 
 def main():
@@ -883,7 +856,7 @@ def main():
     )
     p = module.params
     # an unregistered or unbuilt primitive is refused before anything on the box is read or written
-    refused = rgt_registry.launch_problem(p["detach"], p["detach_fallback"])
+    refused = rgt_registry.launch_problem(p["detach"], p["detach_fallback"], where="box")
     if refused:
         field, message, fix = refused
         module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False)

@@ -1,38 +1,61 @@
-"""A fake Kubernetes API server on 127.0.0.1 for the real `kubectl`: in-memory Jobs, Pods and PVCs, shaped after
-the Kubernetes REST API (core/v1, batch/v1), with no controllers (tests walk the state with hooks).
+"""A fake Kubernetes API server on 127.0.0.1 for the real `kubectl`: in-memory Jobs, Pods, PVCs, ConfigMaps and
+Secrets, shaped after the Kubernetes REST API (core/v1, batch/v1). Without a kubelet it has no controllers (tests
+walk the state with hooks); `FakeKubernetes(ns, kubelet="podman")` adds the podman kubelet and a Job controller
+(tests/fakes/k8s_kubelet.py), so pods really run.
 
 What it serves, exactly what kubectl asks for in the verbs rgt uses (found with `kubectl -v=8` against it):
 
 - discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/batch/v1` (the legacy, unaggregated documents; kubectl
   falls back to them), and `/openapi/v3` with a minimal document per group-version that says PATCH and POST take
   the `fieldValidation` parameter, so `--validate=strict` is done by the server (query `fieldValidation=Strict`);
-- jobs, pods, persistentvolumeclaims: GET one, LIST (labelSelector and fieldSelector equality terms, `key`
-  existence), POST, PATCH as server-side apply (`application/apply-patch+yaml`: create, or merge into the existing
-  object), DELETE (a Job's pods go with it, whatever the propagation), and `watch=true` on a LIST, which sends the
-  objects that match as ADDED (then, for a watch-list `sendInitialEvents=true`, the BOOKMARK that ends the initial
-  events) and MODIFIED / DELETED as they change (`kubectl wait`, `kubectl delete --wait`);
-- `pods/<name>/log` (`tailLines`, `follow` ends at the end of the text);
-- NOT served: `pods/<name>/exec` (so neither `kubectl exec` nor `kubectl cp`). kubectl 1.32 and 1.37 both sent
-  the WebSocket upgrade (v5.channel.k8s.io) and rejected a byte-correct 101 answer from this server as "bad
-  handshake", then fell back to SPDY/3.1, which this server does not speak. `local_path(pod, path)` maps a path in
-  a pod onto the directory backing its claim (`pvc_dir`), so a test can stand in for the exec's bytes.
+- jobs, pods, persistentvolumeclaims, configmaps, secrets: GET one, LIST (labelSelector and fieldSelector equality
+  terms, `key` existence), POST, PATCH as server-side apply (`application/apply-patch+yaml`: create, or merge into
+  the existing object; a ConfigMap's or Secret's `data` / `binaryData` is replaced whole, a Secret's `stringData`
+  is folded into `data`), DELETE (a Job's pods go with it, whatever the propagation), and `watch=true` on a LIST,
+  which sends the objects that match as ADDED (then, for a watch-list `sendInitialEvents=true`, the BOOKMARK that
+  ends the initial events) and MODIFIED / DELETED as they change (`kubectl wait`, `kubectl delete --wait`). Bodies
+  are JSON only: a protobuf body (`kubectl create configmap|secret` sends one) is answered 415;
+- `pods/<name>/log` (`tailLines`, `follow` ends at the end of the text; with the kubelet: `podman logs`, `follow`
+  streams until the container ends);
+- `pods/<name>/exec`, only with the kubelet (without it the path is 404, and kubectl's exec fails): the
+  remotecommand WebSocket protocol, `v5.channel.k8s.io` (or `v4.channel.k8s.io` when kubectl offers only that,
+  which cannot close stdin), with kubectl 1.32 and 1.37 (`kubectl exec`, `kubectl cp`). The 101 answer names the
+  chosen subprotocol; then each chunk is one binary message whose first byte is the channel (0 stdin, 1 stdout,
+  2 stderr, 3 the Status: Success, or Failure with `details.causes [{reason: ExitCode, message: "<rc>"}]`, 4 resize
+  (ignored), 255 close: `[255, 0]` closes the command's stdin); kubectl's masked frames are read, its pings
+  answered; the server closes with a close frame after the Status. No tty (`-t` runs without one), no SPDY.
 
 A Job created here gets what the API server's defaulting gives it: a uid, `spec.selector` on
 `batch.kubernetes.io/controller-uid`, and the pod template labels `controller-uid`, `job-name` and their
-`batch.kubernetes.io/` forms. A Pod created directly (rgt's helper pod) is Running and Ready at once (the fake
-kubelet); Job pods exist only through `add_pod`.
+`batch.kubernetes.io/` forms. Without the kubelet, a Pod created directly (rgt's helper pod) is Running and Ready
+at once and Job pods exist only through `add_pod`. With it, a Pod created directly is Pending until its podman
+container runs; a Job gets its pod `<job>-<5 chars>` (template labels, ownerReference), Complete when it
+succeeds, a new pod per failure until `backoffLimit`, then Failed (BackoffLimitExceeded); DELETE of a pod or Job is
+graceful (deletionTimestamp, containers stopped with terminationGracePeriodSeconds, the object gone after; a Job
+after its pods); `stop()` removes every container of the session.
 
 Hooks: `set_job_status(name, active=, succeeded=, failed=, conditions=)`, `job_finished(name)`,
 `job_failed(name, reason, message)`, `add_pod(job, phase, container_state, restarts, ...)`, `set_pod(...)`,
-`evict(pod)`, `set_log(pod, text)`. Every request is recorded (`requests`, `calls(method, path_prefix)`).
-`kubeconfig(path)` writes a kubeconfig that points at the server (plain HTTP, no credentials).
+`evict(pod)` (with the kubelet: DisruptionTarget and reason Evicted, then the containers stopped with the pod's
+grace; it returns the Failed pod), `set_log(pod, text)`, `secret_values[name] = {key: value}` (env values for
+`secretKeyRef` besides Secret objects). Every request is recorded (`requests`, `calls(method, path_prefix)`).
+`kubeconfig(path)` writes a kubeconfig that points at the server (plain HTTP, no credentials). `pvc_dir(claim,
+dir)` backs a claim with a local directory (the kubelet bind-mounts it); `local_path(pod, path)` maps a path in a
+pod onto it.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import copy
+import hashlib
 import json
 import os
+import random
+import socket
+import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -41,11 +64,14 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.httpfake import LocalHTTPFake
+from tests.fakes.k8s_kubelet import PodmanKubelet, pending_status
 
 # resource -> (API path prefix, apiVersion, kind)
 RESOURCES = {
     "pods": ("/api/v1", "v1", "Pod"),
     "persistentvolumeclaims": ("/api/v1", "v1", "PersistentVolumeClaim"),
+    "configmaps": ("/api/v1", "v1", "ConfigMap"),
+    "secrets": ("/api/v1", "v1", "Secret"),
     "jobs": ("/apis/batch/v1", "batch/v1", "Job"),
 }
 KINDS = {kind: resource for resource, (_p, _v, kind) in RESOURCES.items()}
@@ -66,7 +92,7 @@ def status_doc(code: int, reason: str, message: str, **details) -> dict:
             "reason": reason, "details": details, "code": code}
 
 
-SHORT_NAMES = {"pods": ["po"], "persistentvolumeclaims": ["pvc"], "namespaces": ["ns"]}
+SHORT_NAMES = {"pods": ["po"], "persistentvolumeclaims": ["pvc"], "configmaps": ["cm"], "namespaces": ["ns"]}
 
 
 def _resource_list(group_version: str, names: list[tuple[str, str, bool, list[str]]]) -> dict:
@@ -83,6 +109,7 @@ DISCOVERY = {
         ("pods", "Pod", True, OBJECT_VERBS), ("pods/log", "Pod", True, ["get"]),
         ("pods/exec", "PodExecOptions", True, ["create", "get"]), ("pods/status", "Pod", True, ["get", "patch"]),
         ("persistentvolumeclaims", "PersistentVolumeClaim", True, OBJECT_VERBS),
+        ("configmaps", "ConfigMap", True, OBJECT_VERBS), ("secrets", "Secret", True, OBJECT_VERBS),
         ("namespaces", "Namespace", False, ["get", "list"])]),
     "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
         {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
@@ -152,17 +179,36 @@ def _merge(base: dict, patch: dict) -> dict:
     return out
 
 
+PAYLOAD_FIELDS = ("data", "binaryData", "stringData")  # a ConfigMap's or Secret's content
+
+
+def _secret_data(obj: dict) -> dict:
+    """A Secret as stored: `stringData` folded into `data` (base64), as the API server does on write."""
+    strings = obj.pop("stringData", None) or {}
+    if strings:
+        obj["data"] = dict(obj.get("data") or {}, **{k: base64.b64encode(v.encode()).decode()
+                                                     for k, v in strings.items()})
+    return obj
+
+
 class FakeKubernetes(LocalHTTPFake):
     """The fake API server. `start()` / `stop()` (or a `with` block); `url`, `kubeconfig(path)`, the hooks."""
 
     name = "k8s"
     nodelay = True  # headers and body are two writes: no 40 ms delayed-ACK stall
 
-    def __init__(self, namespace: str = "default"):
+    def __init__(self, namespace: str = "default", kubelet: str | None = None):
         self.namespace = namespace
+        self.kubelet = None
+        if kubelet == "podman":
+            self.kubelet = PodmanKubelet(self)
+        elif kubelet is not None:
+            raise ValueError(f"kubelet={kubelet!r}: the fake has only the podman kubelet (or none)")
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
         self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> log text
         self.pvc_dirs: dict[str, Path] = {}  # claim name -> the directory that holds its bytes
+        self.secret_values: dict[str, dict[str, str]] = {}  # Secret name -> {key: value} (besides Secret objects)
+        self._counted: set[str] = set()  # uids of ended Job pods the Job controller has counted
         self.requests: list[dict] = []
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -319,6 +365,17 @@ class FakeKubernetes(LocalHTTPFake):
         with self.lock:
             obj = self.objects[("pods", namespace or self.namespace, pod)]
             conditions = [c for c in obj["status"].get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+            if self.kubelet is not None:  # the condition first, then the containers stopped with the pod's grace
+                obj["status"].update(conditions=conditions + [condition], reason="Evicted", message=message)
+                self._touch(obj)
+                grace = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+        if self.kubelet is not None:
+            self.kubelet.stop_pod(namespace or self.namespace, pod, grace)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (self.get("pods", pod, namespace) or {}).get(
+                    "status", {}).get("phase") not in ("Failed", "Succeeded"):
+                time.sleep(0.05)
+            return self.get("pods", pod, namespace)
         return self.set_pod(pod, namespace, phase="Failed", conditions=conditions + [condition],
                             container_state={"terminated": {"exitCode": 137, "reason": "Error",
                                                             "finishedAt": _now()}})
@@ -343,6 +400,164 @@ class FakeKubernetes(LocalHTTPFake):
         status["startTime"] = status.get("startTime") or _now()
         self._touch(job)
 
+    # ---------------------------------------------------------------- the podman kubelet and the Job controller
+
+    def stop(self) -> None:
+        super().stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
+
+    def secret_value(self, name: str, key: str, namespace: str | None = None) -> str | None:
+        """A Secret's value for a pod's env: `secret_values[name][key]`, else the Secret object's data."""
+        if key in self.secret_values.get(name, {}):
+            return self.secret_values[name][key]
+        secret = self.get("secrets", name, namespace)
+        data = (secret or {}).get("data") or {}
+        return base64.b64decode(data[key]).decode() if key in data else None
+
+    def _created(self, resource: str, obj: dict) -> None:
+        """What the controllers do with a new object when the podman kubelet is on: run a pod, give a Job its
+        pod (the lock is held)."""
+        if self.kubelet is None:
+            return
+        meta = obj["metadata"]
+        if resource == "pods":
+            self.kubelet.start_pod(meta["namespace"], meta["name"])
+        elif resource == "jobs" and not (obj.get("spec") or {}).get("suspend"):
+            self._job_pod(obj)
+
+    def _job_pod(self, job: dict) -> str:
+        """The Job controller's next pod: <job>-<5 chars>, the template's labels, owned by the Job, run."""
+        meta = job["metadata"]
+        name = f"{meta['name']}-{''.join(random.choices('bcdfghjklmnpqrstvwxz2456789', k=5))}"
+        template = job["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": meta["namespace"], "uid": str(uuid.uuid4()),
+                            "creationTimestamp": _now(), "generateName": meta["name"] + "-",
+                            "labels": dict(template.get("metadata", {}).get("labels") or {}),
+                            "annotations": dict(template.get("metadata", {}).get("annotations") or {}),
+                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                 "uid": meta["uid"], "controller": True,
+                                                 "blockOwnerDeletion": True}]},
+               "spec": copy.deepcopy(template["spec"])}
+        pod["status"] = pending_status(pod)
+        self.objects[("pods", meta["namespace"], name)] = pod
+        self._touch(pod)
+        self._count_active(job)
+        self.kubelet.start_pod(meta["namespace"], name)
+        return name
+
+    def pod_changed(self, pod: dict) -> None:
+        """A pod's status changed (the kubelet): the Job controller follows (the lock is held). A Job pod that
+        ended is counted once: Complete on success; on failure a new pod until backoffLimit, then Failed."""
+        self._touch(pod)
+        job = self._owner(pod)
+        if job is None:
+            return
+        self._count_active(job)
+        phase = pod["status"].get("phase")
+        if self.kubelet is None or phase not in ("Succeeded", "Failed") or pod["metadata"]["uid"] in self._counted \
+                or job["metadata"].get("deletionTimestamp"):
+            return
+        self._counted.add(pod["metadata"]["uid"])
+        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+        if phase == "Succeeded":
+            self.job_finished(name, namespace)
+            return
+        failed = sum(1 for p in self._pods_of(job) if p["status"].get("phase") == "Failed")
+        if failed > int(job["spec"].get("backoffLimit", 6)):
+            self.job_failed(name, namespace=namespace)
+            self.set_job_status(name, namespace, failed=failed)
+        else:
+            self._job_pod(job)
+
+    def _terminate(self, resource: str, obj: dict, grace: int | None) -> None:
+        """A graceful delete (the lock is held): deletionTimestamp now; the pod's containers stopped with its
+        terminationGracePeriodSeconds and removed, then the pod goes; a Job goes after its pods (foreground)."""
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        meta["deletionTimestamp"] = _now()
+        namespace = meta["namespace"]
+        if resource == "jobs":
+            meta["finalizers"] = ["foregroundDeletion"]
+            self._touch(obj)
+            pods = self._pods_of(obj)
+            if not pods:
+                self._delete("jobs", namespace, meta["name"])
+            for pod in pods:
+                self._terminate("pods", pod, grace)
+            return
+        seconds = grace if grace is not None else int((obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+        meta["deletionGracePeriodSeconds"] = seconds
+        self._touch(obj)
+
+        def gone():
+            with self.lock:
+                self.objects.pop(("pods", namespace, meta["name"]), None)
+                self._rv += 1
+                self.changed.notify_all()
+                job = self._owner(obj)
+                if job is not None and job["metadata"].get("deletionTimestamp") and not self._pods_of(job):
+                    self._delete("jobs", namespace, job["metadata"]["name"])
+        self.kubelet.delete_pod(namespace, meta["name"], seconds, gone)
+
+    def _kubelet_log(self, handler: BaseHTTPRequestHandler, path: str, query: dict) -> int:
+        """`pods/<name>/log` from `podman logs` (`follow` streams until the container ends); a pod the kubelet
+        does not run (`add_pod`) answers its `set_log` text."""
+        parts = path.strip("/").split("/")
+        pod = self.get("pods", parts[5], parts[3]) if len(parts) == 7 else None
+        problem, argv = None, None
+        follow, tail = query.get("follow") == "true", int(query["tailLines"]) if "tailLines" in query else None
+        if pod is None:
+            problem = status_doc(404, "NotFound", f'pods "{parts[5] if len(parts) > 5 else ""}" not found')
+        else:
+            try:
+                argv = self.kubelet.logs_argv(pod, query.get("container"))
+            except LookupError:
+                if (parts[3], parts[5]) in self.logs:
+                    with self.lock:
+                        status, doc, _extra = self.route("GET", path, query, None, "")
+                    return _send(handler, status, doc.encode(), "text/plain")
+                problem = status_doc(400, "BadRequest", f'container in pod "{parts[5]}" is waiting to start: '
+                                     "ContainerCreating")
+        if problem is not None:
+            return _send(handler, problem["code"], json.dumps(problem).encode(), "application/json")
+        # the lines are cut here, not by podman's --tail, which counts partial-line records (`print` writes "done"
+        # and "\n" apart); a follow polls the log, which only grows, rather than `podman logs -f`, which can miss
+        # the end of a container that exits as it starts and then waits forever
+        running = follow and self.kubelet.running(argv[-1])
+        text = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.kubelet.env,
+                              check=False).stdout
+        lines = text.splitlines(keepends=True)
+        first = text if tail is None else b"".join(lines[-tail:]) if tail else b""
+        if not running:
+            return _send(handler, 200, first, "text/plain")
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        sent = len(text)
+        try:
+            chunk = first
+            while True:
+                if chunk:
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    handler.wfile.flush()
+                if not running:
+                    break
+                time.sleep(0.2)
+                running = self.kubelet.running(argv[-1])
+                text = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      env=self.kubelet.env, check=False).stdout
+                chunk, sent = text[sent:], len(text)
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        handler.close_connection = True
+        return 200
+
     # ---------------------------------------------------------------- the API: objects
 
     def _defaults(self, resource: str, namespace: str, obj: dict) -> dict:
@@ -364,9 +579,13 @@ class FakeKubernetes(LocalHTTPFake):
             labels.update({"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
                            "controller-uid": uid, "job-name": name})
             obj["status"] = {}
+        elif resource == "secrets":
+            obj = _secret_data(obj)
         elif resource == "persistentvolumeclaims":
             obj["status"] = {"phase": "Pending"}
-        elif resource == "pods":  # created directly (a helper pod): the fake kubelet starts it at once
+        elif resource == "pods" and self.kubelet is not None:  # the podman kubelet runs it (_created)
+            obj["status"] = pending_status(obj)
+        elif resource == "pods":  # created directly (a helper pod), no kubelet: Running and Ready at once
             obj["status"] = {"phase": "Running", "conditions": [
                 {"type": t, "status": "True", "lastTransitionTime": _now()}
                 for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
@@ -427,6 +646,7 @@ class FakeKubernetes(LocalHTTPFake):
                 obj = self._defaults(resource, namespace, body)
                 self.objects[(resource, namespace, name)] = obj
                 self._touch(obj)
+                self._created(resource, obj)
                 return 201, copy.deepcopy(obj), {}
             return 405, status_doc(405, "MethodNotAllowed", f"{method} not allowed"), {}
         key = (resource, namespace, key_name)
@@ -449,6 +669,10 @@ class FakeKubernetes(LocalHTTPFake):
         if method == "DELETE":
             if obj is None:
                 return 404, not_found, {}
+            if self.kubelet is not None and resource in ("pods", "jobs"):
+                grace = (body or {}).get("gracePeriodSeconds") if isinstance(body, dict) else None
+                self._terminate(resource, obj, None if grace is None else int(grace))
+                return 200, copy.deepcopy(obj), {}
             gone = copy.deepcopy(obj)
             self._delete(resource, namespace, key_name)
             return 200, gone, {}
@@ -457,8 +681,13 @@ class FakeKubernetes(LocalHTTPFake):
                 obj = self._defaults(resource, namespace, body)
                 self.objects[key] = obj
                 self._touch(obj)
+                self._created(resource, obj)
                 return 201, copy.deepcopy(obj), {}
-            merged = _merge(obj, {k: v for k, v in body.items() if k not in ("status",)})
+            merged = _merge(obj, {k: v for k, v in body.items() if k not in ("status",) + PAYLOAD_FIELDS})
+            for field in PAYLOAD_FIELDS:  # one manager applies the whole payload: keys it dropped go
+                if field in body:
+                    merged[field] = copy.deepcopy(body[field])
+            merged = _secret_data(merged) if resource == "secrets" else merged
             if merged != obj:
                 merged["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
                 self.objects[key] = merged
@@ -483,13 +712,25 @@ class FakeKubernetes(LocalHTTPFake):
                               for k, v in handler.headers.items()}}
         with self.lock:
             self.requests.append(record)
+        if self.kubelet is not None and parts.path.endswith("/exec") and \
+                handler.headers.get("Upgrade", "").lower() == "websocket":
+            record["query"] = {k: v if len(v) > 1 else v[0] for k, v in parse_qs(parts.query).items()}
+            record["status"] = self._exec(handler, parts.path, parse_qs(parts.query))
+            return
+        if self.kubelet is not None and handler.command == "GET" and parts.path.endswith("/log"):
+            record["status"] = self._kubelet_log(handler, parts.path, query)
+            return
         if query.get("watch") in ("true", "1"):
             record["status"] = 200
             self._watch(handler, parts.path, query)
             return
         with self.lock:
-            status, doc, extra = self.route(handler.command, parts.path, query, body,
-                                            handler.headers.get("Content-Type", ""))
+            if raw and not isinstance(body, (dict, list)):  # protobuf (`kubectl create configmap`): not spoken
+                status, doc, extra = 415, status_doc(415, "UnsupportedMediaType", "the fake takes JSON "
+                                                     "bodies only (use kubectl apply)"), {}
+            else:
+                status, doc, extra = self.route(handler.command, parts.path, query, body,
+                                                handler.headers.get("Content-Type", ""))
         record["status"] = status
         if isinstance(doc, str):
             payload = doc.encode()
@@ -555,6 +796,47 @@ class FakeKubernetes(LocalHTTPFake):
             pass
         handler.close_connection = True
 
+    # ---------------------------------------------------------------- exec: the remotecommand WebSocket protocol
+
+    def _exec(self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]) -> int:
+        """`pods/<name>/exec` over WebSocket (what kubectl >= 1.30 tries first): the handshake, then the command
+        run by the kubelet with stdin / stdout / stderr as channel 0 / 1 / 2 binary messages and its end as the
+        Status on channel 3; closing channel 0 (v5: message [255, 0]) closes the command's stdin."""
+        parts = path.strip("/").split("/")  # api v1 namespaces NS pods NAME exec
+        namespace, pod_name = parts[3], parts[5]
+        with self.lock:
+            pod = copy.deepcopy(self.objects.get(("pods", namespace, pod_name)))
+        offered = [p.strip() for p in handler.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        protocol = next((p for p in WS_PROTOCOLS if p in offered), None)
+        problem = None
+        if pod is None:
+            problem = status_doc(404, "NotFound", f'pods "{pod_name}" not found', name=pod_name, kind="pods")
+        elif protocol is None:
+            problem = status_doc(400, "BadRequest", f"no subprotocol of {WS_PROTOCOLS} offered ({offered})")
+        else:
+            command = query.get("command") or []
+            container = (query.get("container") or [None])[0]
+            try:
+                argv = self.kubelet.exec_argv(pod, container, command, stdin=_flag(query, "stdin"),
+                                              tty=_flag(query, "tty"))
+            except LookupError as exc:
+                problem = status_doc(400, "BadRequest", str(exc))
+        if problem is not None:
+            return _send(handler, problem["code"], json.dumps(problem).encode(), "application/json")
+        key = handler.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+        handler.send_response(101, "Switching Protocols")
+        handler.send_header("Upgrade", "websocket")
+        handler.send_header("Connection", "Upgrade")
+        handler.send_header("Sec-WebSocket-Accept", accept)
+        handler.send_header("Sec-WebSocket-Protocol", protocol)
+        handler.end_headers()
+        handler.wfile.flush()
+        handler.close_connection = True
+        WebSocketExec(handler.connection, handler.rfile, argv, self.kubelet.env, stdin=_flag(query, "stdin"),
+                      stdout=_flag(query, "stdout", True), stderr=_flag(query, "stderr", True)).run()
+        return 101
+
     # ---------------------------------------------------------------- the claims' bytes
 
     def pvc_dir(self, claim: str, directory: str | os.PathLike) -> None:
@@ -563,8 +845,8 @@ class FakeKubernetes(LocalHTTPFake):
             self.pvc_dirs[claim] = Path(directory)
 
     def local_path(self, pod: str, path: str, namespace: str | None = None) -> Path:
-        """Where `path` inside pod `pod` is on this machine, through the pod's PVC mounts (the stand-in for exec,
-        which the fake does not serve)."""
+        """Where `path` inside pod `pod` is on this machine, through the pod's PVC mounts (a stand-in for exec
+        when the fake runs without the kubelet)."""
         with self.lock:
             obj = self.objects[("pods", namespace or self.namespace, pod)]
             volumes = {v["name"]: (v.get("persistentVolumeClaim") or {}).get("claimName")
@@ -576,3 +858,148 @@ class FakeKubernetes(LocalHTTPFake):
                 if claim in self.pvc_dirs and (path == mount_path or path.startswith(mount_path + "/")):
                     return self.pvc_dirs[claim] / path[len(mount_path):].lstrip("/")
         raise KeyError(f"{path} is on no claim mounted in pod {pod}")
+
+
+# ---------------------------------------------------------------- the remotecommand WebSocket protocol
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+# the channel protocols this server speaks, best first (kubectl offers v5 and v4; only v5 can close stdin)
+WS_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
+OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
+CHUNK = 32 * 1024
+
+
+def _send(handler: BaseHTTPRequestHandler, status: int, payload: bytes, content_type: str) -> int:
+    """A whole reply with a Content-Length; the status, for the request record."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+    return status
+
+
+def _flag(query: dict[str, list[str]], name: str, default: bool = False) -> bool:
+    values = query.get(name)
+    return default if not values else values[0].lower() in ("1", "true")
+
+
+def exit_status(rc: int) -> dict:
+    """The channel-3 Status of a command that ended with `rc`, as the kubelet words it."""
+    if rc == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
+            "message": f"command terminated with non-zero exit code: exit code {rc}",
+            "details": {"causes": [{"reason": "ExitCode", "message": str(rc)}]}}
+
+
+class WebSocketExec:
+    """One exec session on an upgraded connection: frames in (masked, from kubectl) and out (unmasked, one binary
+    message per chunk, its first byte the channel), the command as a subprocess."""
+
+    def __init__(self, sock: socket.socket, rfile, argv: list[str], env: dict, stdin: bool, stdout: bool,
+                 stderr: bool):
+        self.sock, self.rfile, self.argv, self.env = sock, rfile, argv, env
+        self.want = {STDIN: stdin, STDOUT: stdout, STDERR: stderr}
+        self.send_lock = threading.Lock()
+        self.closed = threading.Event()  # the client sent a close frame or went away
+
+    def send(self, opcode: int, payload: bytes) -> None:
+        head = bytes([0x80 | opcode])
+        n = len(payload)
+        head += bytes([n]) if n < 126 else struct.pack("!BH", 126, n) if n < 65536 else struct.pack("!BQ", 127, n)
+        with self.send_lock:
+            self.sock.sendall(head + payload)
+
+    def recv(self) -> tuple[int, bytes] | None:
+        """One whole message (fragments joined, control frames in between answered): (opcode, payload)."""
+        opcode, data = None, b""
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return None
+            fin, op, masked, n = head[0] & 0x80, head[0] & 0x0F, head[1] & 0x80, head[1] & 0x7F
+            if n == 126:
+                n = struct.unpack("!H", self.rfile.read(2))[0]
+            elif n == 127:
+                n = struct.unpack("!Q", self.rfile.read(8))[0]
+            mask = self.rfile.read(4) if masked else b"\0\0\0\0"
+            raw = self.rfile.read(n)
+            if len(raw) < n:
+                return None
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(raw)) if masked else raw
+            if op >= OP_CLOSE:  # control frames come whole, even inside a fragmented message
+                if op == OP_PING:
+                    self.send(OP_PONG, payload)
+                elif op == OP_CLOSE:
+                    return OP_CLOSE, payload
+                continue
+            opcode = op if op != OP_CONT else opcode
+            data += payload
+            if fin:
+                return opcode, data
+
+    def run(self) -> None:
+        try:
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE if self.want[STDIN] else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+        except OSError as exc:
+            self._finish({"metadata": {}, "status": "Failure", "reason": "InternalError", "message": str(exc)})
+            return
+        pumps = [threading.Thread(target=self._pump, args=(proc.stdout, STDOUT), daemon=True),
+                 threading.Thread(target=self._pump, args=(proc.stderr, STDERR), daemon=True)]
+        for pump in pumps:
+            pump.start()
+        threading.Thread(target=self._read_client, args=(proc,), daemon=True).start()
+        for pump in pumps:
+            pump.join()
+        proc.stdout.close()
+        proc.stderr.close()
+        rc = proc.wait()
+        self._finish(exit_status(rc))
+
+    def _pump(self, pipe, channel: int) -> None:
+        """The command's stdout or stderr, one message per read, to the client (dropped if it did not ask)."""
+        try:
+            while chunk := pipe.read1(CHUNK):
+                if self.want[channel] and not self.closed.is_set():
+                    self.send(OP_BINARY, bytes([channel]) + chunk)
+        except OSError:
+            self.closed.set()
+
+    def _read_client(self, proc: subprocess.Popen) -> None:
+        """kubectl's messages: stdin bytes, the close of stdin (v5), resize (ignored), ping, close."""
+        stdin = proc.stdin
+        try:
+            while (message := self.recv()) is not None:
+                opcode, data = message
+                if opcode == OP_CLOSE:
+                    break
+                if not data:
+                    continue
+                if data[0] == STDIN and stdin is not None:
+                    try:
+                        stdin.write(data[1:])
+                        stdin.flush()
+                    except BrokenPipeError:
+                        pass
+                elif data[0] == CLOSE and data[1:2] == bytes([STDIN]) and stdin is not None:
+                    stdin.close()
+                    stdin = None
+        except (OSError, ValueError, struct.error):
+            pass
+        self.closed.set()
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
+    def _finish(self, status: dict) -> None:
+        """The Status on channel 3, then the close handshake (the client's close frame, or a short wait)."""
+        try:
+            if not self.closed.is_set():
+                self.send(OP_BINARY, bytes([ERROR]) + json.dumps(status).encode())
+                self.send(OP_CLOSE, struct.pack("!H", 1000))
+            self.closed.wait(timeout=5)
+        except OSError:
+            pass

@@ -1,13 +1,17 @@
 """`rgt-run train -C` on a host of the kubernetes profile shows the run's Kubernetes manifests (a PVC for the
-durable root and the Job), validated offline, with where they would be written (<run_dir>/.rgt/k8s/), and contacts
-no cluster: no kubeconfig, no kubectl, nothing written. A broken field is refused at input (exit 2, the job-spec
-field named), and a real train through k8s-job stays refused (exit 2). Runs on the controller only (seconds)."""
+durable root, the ConfigMap that stages the run dir, and the Job), validated offline, with where they would be
+written (<run_dir>/.rgt/k8s/), and contacts no cluster: no kubeconfig, no kubectl, nothing written. The ConfigMap's
+scripts and code tarball are shown as placeholders. A broken field, a code dir too big for a ConfigMap and code in
+the image without rgt_job.k8s.workdir are refused at input (exit 2, the job-spec field named), and a real train
+through k8s-job stays refused (exit 2). Runs on the controller only (seconds)."""
 
 import json
 import os
 
 import yaml
 from clihelp import REPO, write_inventory
+
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_tree
 
 SECRET_VALUE = "s3cr3t-value-never-printed"
 DIGEST = "registry.example/train@sha256:" + "b" * 64
@@ -57,16 +61,28 @@ def test_check_on_train_shows_the_validated_manifests_and_contacts_no_cluster(rg
     assert manifests["dir"] == f"{run_dir}/.rgt/k8s" and manifests["kubernetes_version"] == "1.37"
     assert manifests["validator"] == "kubernetes-validate 1.37.0 --strict"
     assert [(f["file"], f["kind"]) for f in manifests["files"]] == [("pvc.yaml", "PersistentVolumeClaim"),
-                                                                     ("job.yaml", "Job")]
-    claim, kjob = (yaml.safe_load(f["yaml"]) for f in manifests["files"])
+                                                                     ("stage.yaml", "ConfigMap"), ("job.yaml", "Job")]
+    assert "documents" not in manifests  # the full manifests (base64 code) are the engine's, not the plan's
+    claim, stage, kjob = (yaml.safe_load(f["yaml"]) for f in manifests["files"])
     pod = kjob["spec"]["template"]["spec"]
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert pod["volumes"][1]["configMap"]["name"] == stage["metadata"]["name"]
     assert pod["containers"][0]["command"] == ["/usr/bin/python3", f"{run_dir}/.rgt/wrapper.py", run_dir]
+    assert pod["initContainers"][0]["command"] == ["/usr/bin/python3", "/rgt-stage/rgt_k8s_stage.py", run_dir]
+    # the stage: job.json in full (naming the code dir the upload's rule names), the rest as placeholders
+    hash8 = rgt_tree.build_manifest(str(REPO / "examples" / "tiny_train"))["hash8"]
+    assert plan["hash8"] == hash8 and plan["code_dir"] == f"{run_dir}/code-{hash8}"
+    assert json.loads(stage["data"]["job.json"])["code_dir"] == plan["code_dir"]
+    assert stage["binaryData"]["code.tar.gz"].startswith("<code.tar.gz: ")
+    assert manifests["stage"]["code"]["sha256"] in stage["binaryData"]["code.tar.gz"]
+    assert stage["data"]["wrapper.py"].startswith("<wrapper.py: ") and "--- stage.yaml (ConfigMap" in result.stderr
+    assert f"staged from the ConfigMap {stage['metadata']['name']}" in result.stderr
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-    assert pod["terminationGracePeriodSeconds"] == 30 and pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] == 40 and pod["restartPolicy"] == "Never"
     # the console: where they would be written, the YAML itself, and that a real train is refused
     assert f"kubernetes manifests for {run_dir}/.rgt/k8s/" in result.stderr
-    assert "no cluster contacted" in result.stderr and "a real train is refused" in result.stderr
+    assert "no cluster contacted" in result.stderr
+    assert ("a real train is refused" in result.stderr) is not manifests["built"]  # k8s-job's registry entry
     assert f"--- job.yaml (Job {kjob['metadata']['name']})" in result.stderr
     assert "WANDB_API_KEY (keys of the Kubernetes Secret train-secrets, by reference)" in result.stderr
     assert "secretKeyRef:" in result.stderr and "nvidia.com/gpu: '1'" in result.stderr
@@ -86,13 +102,16 @@ def test_check_refuses_a_field_the_kubernetes_schema_refuses_naming_the_job_spec
     nothing_touched(rgt, tmp_path)
 
 
-def test_a_real_train_through_k8s_job_stays_refused(rgt, tmp_path):
+def test_a_real_train_goes_to_the_cluster_through_kubectl_and_a_kubectl_failure_is_reported(rgt, tmp_path):
+    # k8s-job is built: a real train applies through kubectl (tests/integration/test_k8s_cli.py against the fake
+    # API server); here the spy kubectl fails, and the run is not remembered as launched
     result = rgt("train", "-i", cluster(tmp_path), "-e", json.dumps(job()), "--json",
                  env=spy_kubectl(tmp_path), cwd=tmp_path, timeout=120)
-    assert result.rc == 2, result.stdout + result.stderr
-    assert result.doc["field"] == "detach.primitive" and "'k8s-job'" in result.doc["error"]
-    assert "not built yet" in result.doc["error"] and "rgt-run train -C" in result.doc["fix"]
-    nothing_touched(rgt, tmp_path)
+    assert result.rc == 1, result.stdout + result.stderr
+    assert result.doc["hosts"]["cluster"]["failed"] is True
+    called = (tmp_path / "kubectl-called").read_text().splitlines()
+    assert called and " get " in f" {called[0]} "
+    assert not (rgt.ledger / "runs").exists()
 
 
 def test_the_jobs_secrets_come_from_the_secret_not_from_this_shell(rgt, tmp_path, monkeypatch):
@@ -102,3 +121,37 @@ def test_the_jobs_secrets_come_from_the_secret_not_from_this_shell(rgt, tmp_path
                  env=spy_kubectl(tmp_path, secret=False), cwd=tmp_path, timeout=120)
     assert result.rc == 0, result.stdout + result.stderr
     assert "secretKeyRef:" in result.stderr
+
+
+def test_check_refuses_a_code_dir_too_big_for_the_configmap_naming_code_dir(rgt, tmp_path, tmp_path_factory):
+    big = tmp_path_factory.mktemp("big-code")
+    (big / "train.py").write_text("print('hi')\n")
+    (big / "weights.bin").write_bytes(os.urandom(950 * 1024))  # incompressible
+    spec = job()
+    spec["rgt_job"]["code_dir"] = str(big)
+    result = rgt("train", "-i", cluster(tmp_path), "-e", json.dumps(spec), "-C", "--json",
+                 env=spy_kubectl(tmp_path), cwd=tmp_path, timeout=120)
+    assert result.rc == 2, result.stdout + result.stderr
+    assert result.doc["field"] == "rgt_job.code_dir" and "ConfigMap" in result.doc["error"]
+    assert result.doc["fix"] == "bake the code into rgt_job.k8s.image and set rgt_job.k8s.workdir"
+    nothing_touched(rgt, tmp_path)
+
+
+def test_check_of_code_in_the_image_needs_workdir(rgt, tmp_path):
+    spec = job()
+    del spec["rgt_job"]["code_dir"]
+    inventory, env = cluster(tmp_path), spy_kubectl(tmp_path)
+    result = rgt("train", "-i", inventory, "-e", json.dumps(spec), "-C", "--json", env=env, cwd=tmp_path,
+                 timeout=120)
+    assert result.rc == 2, result.stdout + result.stderr
+    assert result.doc["field"] == "rgt_job.k8s.workdir", result.doc
+    spec["rgt_job"]["k8s"]["workdir"] = "/app"
+    result = rgt("train", "-i", inventory, "-e", json.dumps(spec), "-C", "--json", env=env, cwd=tmp_path,
+                 timeout=120)
+    assert result.rc == 0, result.stdout + result.stderr
+    plan = result.doc["hosts"]["cluster"]
+    assert plan["hash8"] is None and plan["code_dir"] == "/app" and plan["k8s"]["stage"]["code"] is None
+    stage = yaml.safe_load(plan["k8s"]["files"][1]["yaml"])
+    assert "binaryData" not in stage and json.loads(stage["data"]["job.json"])["code_dir"] == "/app"
+    assert "in the image at /app (rgt_job.k8s.workdir; nothing shipped)" in result.stderr
+    nothing_touched(rgt, tmp_path)

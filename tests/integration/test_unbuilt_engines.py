@@ -1,5 +1,5 @@
-"""A profile whose detach primitive is registered but not built yet (today k8s-job and vast-onstart: the registry
-decides, sbatch is built) is refused before anything reaches the box, never run under tmux or nohup instead:
+"""A profile whose detach primitive is registered but not built yet (today vast-onstart: the registry decides;
+sbatch and k8s-job are built) is refused before anything reaches the box, never run under tmux or nohup instead:
 `rgt-run train` and `launch_detached` exit 2 naming the profile's field and what to use instead; the launch_detached
 playbook alone (a plain ansible-playbook user) fails in rgt_launch with the same registry message. A profile naming
 a primitive that is not registered at all is refused at input for every command (exit 2, the field named). Nothing
@@ -27,7 +27,7 @@ UNBUILT = [e for e in reg.DETACH_PRIMITIVES if not e.built]
 
 def test_sbatch_is_built_and_the_others_wait():
     assert reg.detach("sbatch").built and reg.launch_problem("sbatch") is None
-    assert {e.name for e in UNBUILT} <= {"k8s-job", "vast-onstart"}
+    assert {e.name for e in UNBUILT} <= {"vast-onstart"}
 
 
 @pytest.fixture(params=UNBUILT, ids=[e.name for e in UNBUILT])

@@ -13,13 +13,15 @@ import os
 import socket
 import subprocess
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout
 from rgt import k8s_engine
-from rgt.errors import UNREACHABLE, InputError, RgtError
+from rgt.errors import FAILED, OK, UNREACHABLE, InputError, RgtError
 from tests.fakes.k8s_api import FakeKubernetes
 
 NS = "ml"
@@ -326,12 +328,12 @@ def test_an_unreachable_cluster_is_exit_4_naming_the_cluster(tmp_path, monkeypat
 # ---------------------------------------------------------------- collect
 
 def local_tar(fake):
-    """The stand-in for `kubectl exec POD -- tar cf - -C PATH .`: the real tar, run here on the directory that
-    backs the claim the pod mounts."""
+    """The stand-in for `kubectl exec POD -- tar cf - -C PATH MEMBER..`: the real tar, run here on the directory
+    that backs the claim the pod mounts."""
     @contextlib.contextmanager
-    def transfer(kc, pod, path):
+    def transfer(kc, pod, path, members=(".",)):
         where = fake.local_path(pod, path)
-        proc = subprocess.Popen(["tar", "cf", "-", "-C", str(where), "."], stdout=subprocess.PIPE)
+        proc = subprocess.Popen(["tar", "cf", "-", "-C", str(where), *members], stdout=subprocess.PIPE)
         try:
             yield proc.stdout
         finally:
@@ -474,3 +476,285 @@ def test_apply_takes_the_manifests_as_runner_k8s_shows_them(tmp_path):
     path.write_text(rgt_k8s.dumps(docs[1]))
     assert k8s_engine._documents(shown) == docs
     assert k8s_engine._documents([Path(path), docs[0]]) == docs
+
+
+# ---------------------------------------------------------------- seal and pull
+
+SEAL_PARAMS = {"project": "proj", "run_id": "run.1", "host": "cluster", "instance_id": "gke-ml", "job_name": "run.1",
+               "outputs": [], "declared_checkpoints": ["step-10/"], "force_unfinished": False, "loader_python": None}
+
+
+def seal_kubelet(fake, tmp_path: Path, python: str = "/usr/bin/python3", log_prefix: str = "") -> threading.Thread:
+    """Stands in for the kubelet of the seal pod (the fake runs no pod without one): once the pod exists, writes
+    its ConfigMap's files into a directory, runs the delivered script there under a plain python3 -S -E (only that
+    directory to import from), with the claim at the directory backing it (the params' durable root mapped
+    through the pod's mount, as the mount would), then sets the pod's log to its stdout and its phase from the
+    exit status."""
+    def run():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pods = [n for n in fake.names("pods") if n.startswith("rgt-seal-")]
+            if pods:
+                break
+            time.sleep(0.05)
+        else:
+            return
+        name = pods[0]
+        data = fake.get("configmaps", name)["data"]
+        flat = tmp_path / f"configmap-{name}"
+        flat.mkdir()
+        for key, text in data.items():
+            (flat / key).write_text(text)
+        params = json.loads(data["params.json"])
+        params["durable_root"] = str(fake.local_path(name, params["durable_root"]))
+        (flat / "params.json").write_text(json.dumps(params))
+        try:
+            proc = subprocess.run([python, "-S", "-E", str(flat / "rgt_k8s_seal.py"), str(flat / "params.json")],
+                                  capture_output=True, text=True, timeout=60)
+            rc, out = proc.returncode, proc.stdout
+        except OSError as exc:  # what the container runtime says of a missing interpreter
+            rc, out = 128, f"exec: {exc}\n"
+        fake.set_log(name, log_prefix + out)
+        fake.set_pod(name, phase="Succeeded" if rc == 0 else "Failed")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def claim_with_run(cluster, tmp_path):
+    """A finished run on the claim (backed by tmp/claim) at /checkpoints/proj/active/run.1."""
+    fake, kc = cluster
+    k8s_engine.apply(kc, manifests())
+    backing = tmp_path / "claim"
+    run = backing / "proj" / "active" / "run.1"
+    for sub in (".rgt", "out", "ckpt/step-10", "ckpt/rolling"):
+        (run / sub).mkdir(parents=True)
+    (run / ".rgt" / "attempts.jsonl").write_text(json.dumps({"attempt": 1, "rc": 0, "reason": "finished"}) + "\n")
+    (run / ".rgt" / "exit.json").write_text(json.dumps({"attempt": 1, "rc": 0, "reason": "finished"}))
+    (run / "out" / "metrics.json").write_text('{"loss": 0.5}\n')
+    (run / "ckpt" / "step-10" / "model.bin").write_bytes(os.urandom(200_000))
+    (run / "ckpt" / "rolling" / "latest.bin").write_bytes(b"resume state")
+    fake.pvc_dir(CLAIM, backing)
+    return fake, kc, run
+
+
+def seal_objects(fake, kind: str) -> list[dict]:
+    return [r["body"] for r in fake.calls("PATCH", f"/api/v1/namespaces/{NS}/{kind}/rgt-seal-")]
+
+
+@needs_kubectl
+def test_seal_runs_the_delivered_script_in_a_pod_on_the_claim_and_deletes_pod_and_configmap(claim_with_run, tmp_path):
+    fake, kc, run = claim_with_run
+    seal_kubelet(fake, tmp_path, log_prefix="a line the image printed first\n")
+    got = k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1)
+    export = run.parents[1] / "export"
+    assert got["sealed"] and got["changed"] and got["files"] == 3 and got["seal_pod"].startswith("rgt-seal-")
+    assert (export / "run.1" / "ckpt" / "step-10" / "model.bin").is_file()
+    assert (export / "run.1.manifest.json").is_file()
+    assert {"path": "ckpt/rolling", "reason": "not a declared checkpoint (rolling/resume state)"} in got["not_pulled"]
+    [config_map], [pod] = seal_objects(fake, "configmaps"), seal_objects(fake, "pods")
+    assert config_map["metadata"]["name"] == pod["metadata"]["name"] == got["seal_pod"]
+    assert set(config_map["data"]) == {"rgt_k8s_seal.py", "rgt_seal.py", "rgt_manifest.py", "rgt_outputs.py",
+                                       "rgt_runlayout.py", "params.json"}
+    assert json.loads(config_map["data"]["params.json"]) == dict(SEAL_PARAMS, durable_root="/checkpoints")
+    spec = pod["spec"]
+    assert pod["metadata"]["labels"][k8s_engine.HELPER_LABEL] == "seal"
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == k8s_engine.SEAL_DEADLINE_S
+    [container] = spec["containers"]
+    assert container["image"] == DIGEST and container["command"] == [
+        "/usr/bin/python3", "/rgt-seal/rgt_k8s_seal.py", "/rgt-seal/params.json"]
+    assert container["volumeMounts"] == [{"name": "durable", "mountPath": "/checkpoints"},
+                                         {"name": "rgt-seal", "mountPath": "/rgt-seal", "readOnly": True}]
+    assert spec["volumes"] == [{"name": "durable", "persistentVolumeClaim": {"claimName": CLAIM}},
+                               {"name": "rgt-seal", "configMap": {"name": got["seal_pod"]}}]
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+    # sealed already: the next seal pod says so and changes nothing
+    seal_kubelet(fake, tmp_path)
+    again = k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1)
+    assert not again["changed"] and again["msg"].startswith("already sealed: ")
+    assert again["manifest_sha256"] == got["manifest_sha256"] and fake.names("configmaps") == []
+
+
+@needs_kubectl
+def test_a_refused_seal_is_seal_failed_with_the_quarantine_and_the_pod_is_gone(claim_with_run, tmp_path):
+    fake, kc, run = claim_with_run
+    os.symlink("/etc/hostname", run / "out" / "leak.txt")
+    seal_kubelet(fake, tmp_path)
+    with pytest.raises(k8s_engine.SealFailed) as err:
+        k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1)
+    assert err.value.exit_code == FAILED and "leak.txt" in err.value.result["reason"]
+    assert err.value.result["quarantine"].endswith("/proj/quarantine/run.1--1") and "quarantine" in err.value.fix
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+
+
+@needs_kubectl
+def test_a_seal_pod_that_ends_without_its_json_line_is_an_error_naming_its_log(claim_with_run, tmp_path):
+    fake, kc, _run = claim_with_run
+    seal_kubelet(fake, tmp_path, python="/nonexistent/python3")
+    with pytest.raises(RgtError) as err:
+        k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1)
+    assert "without a result" in err.value.message and "rgt_job.python" in err.value.fix
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+    with pytest.raises(InputError) as bad:
+        k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "checkpoints", SEAL_PARAMS)
+    assert bad.value.field == "rgt_durable_root"
+
+
+def pull(kc, fake, runs: Path, **kw) -> dict:
+    return k8s_engine.pull(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, runs,
+                           profile="kubernetes", transfer=local_tar(fake), ready_timeout_s=20, poll_s=0.1, **kw)
+
+
+@needs_kubectl
+def test_pull_seals_copies_and_verifies_into_the_ssh_pulls_layout(claim_with_run, tmp_path):
+    fake, kc, run = claim_with_run
+    runs = tmp_path / "runs"
+    seal_kubelet(fake, tmp_path)
+    got = pull(kc, fake, runs)
+    base = runs / "run.1"
+    dest, marker = base / "cluster", base / "cluster.PULL_VERIFIED.json"
+    assert got["state"] == "verified" and got["verified"] and got["exit_code"] == OK and got["error"] is None
+    assert got["host"] == "cluster" and got["run_id"] == "run.1" and got["files"] == 3
+    assert got["dest"] == str(dest) and got["marker"] == str(marker) and got["sealed"]
+    assert got["helper_pod"].startswith("rgt-collect-") and got["seal_pod"].startswith("rgt-seal-")
+    export = run.parents[1] / "export"
+    assert (base / "cluster.manifest.json").read_bytes() == (export / "run.1.manifest.json").read_bytes()
+    for rel in ("run.json", "out/metrics.json", "ckpt/step-10/model.bin"):
+        assert (dest / rel).read_bytes() == (export / "run.1" / rel).read_bytes()
+    doc = json.loads(marker.read_text())
+    assert doc["schema"] == "rgt/pull-verified/v1" and doc["host"] == "cluster" and doc["instance_id"] == "gke-ml"
+    assert doc["files"] == 3 and doc["checkpoints"][0]["path"] == "ckpt/step-10/model.bin"
+    assert "ckpt/rolling" in (base / "cluster.PROVENANCE.md").read_text()
+    assert sorted(p.name for p in base.iterdir()) == [".incoming", "cluster", "cluster.PROVENANCE.md",
+                                                      "cluster.PULL_VERIFIED.json", "cluster.manifest.json"]
+    assert list((base / ".incoming").iterdir()) == []  # no staging left
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+    # the teardown gate's reading of the marker is the SSH pull's (module_utils/rgt_gate)
+    helper = [r["body"] for r in fake.calls("PATCH", f"/api/v1/namespaces/{NS}/pods/rgt-collect-")][0]
+    assert helper["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] is True
+
+    # again: sealed already, verified already here: nothing is copied
+    seal_kubelet(fake, tmp_path)
+    stamp = marker.read_bytes()
+    again = pull(kc, fake, runs)
+    assert again["state"] == "already_verified" and again["verified"] and again["exit_code"] == OK
+    assert again["helper_pod"] is None and again["msg"].startswith("already verified here: ")
+    assert marker.read_bytes() == stamp
+
+    # a corrupted local file (same size) and a lost one: the next pull puts the claim's bytes back
+    model = dest / "ckpt" / "step-10" / "model.bin"
+    model.write_bytes(b"\0" * model.stat().st_size)
+    (dest / "out" / "metrics.json").unlink()
+    seal_kubelet(fake, tmp_path)
+    fixed = pull(kc, fake, runs)
+    assert fixed["state"] == "verified" and fixed["repaired"] == ["ckpt/step-10/model.bin"]
+    assert model.read_bytes() == (export / "run.1" / "ckpt" / "step-10" / "model.bin").read_bytes()
+    assert (dest / "out" / "metrics.json").is_file() and marker.is_file()
+
+
+@needs_kubectl
+def test_verify_only_rechecks_the_local_copy_without_touching_the_cluster(claim_with_run, tmp_path):
+    fake, kc, _run = claim_with_run
+    runs = tmp_path / "runs"
+    seal_kubelet(fake, tmp_path)
+    assert pull(kc, fake, runs)["verified"]
+    seen = len(fake.calls())
+    again = pull(kc, fake, runs, verify_only=True)
+    assert again["state"] == "verified" and again["verify_only"] and again["exit_code"] == OK
+    (runs / "run.1" / "cluster" / "out" / "metrics.json").write_text("changed here\n")
+    bad = pull(kc, fake, runs, verify_only=True)
+    assert bad["state"] == "not_verified" and bad["exit_code"] == FAILED
+    assert bad["size_mismatch"] == ["out/metrics.json"]
+    assert not (runs / "run.1" / "cluster.PULL_VERIFIED.json").exists() and len(fake.calls()) == seen
+
+
+@needs_kubectl
+def test_a_seal_pod_that_cannot_be_scheduled_is_given_up_and_deleted(claim_with_run, tmp_path):
+    fake, kc, _run = claim_with_run
+
+    def unschedulable():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not [n for n in fake.names("pods") if n.startswith("rgt-seal-")]:
+            time.sleep(0.05)
+        name = [n for n in fake.names("pods") if n.startswith("rgt-seal-")][0]
+        fake.set_pod(name, phase="Pending", conditions=[{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 node(s) had volume node affinity conflict."}])
+
+    threading.Thread(target=unschedulable, daemon=True).start()
+    with pytest.raises(RgtError) as err:
+        k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1,
+                        start_timeout_s=1)
+    assert "did not start within 1 s" in err.value.message and "volume node affinity" in err.value.message
+    assert "ReadWriteOnce" in err.value.fix
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+
+
+@needs_kubectl
+def test_pull_of_a_refused_seal_reports_the_quarantine_and_writes_no_marker(claim_with_run, tmp_path):
+    fake, kc, run = claim_with_run
+    os.symlink("/etc/hostname", run / "out" / "leak.txt")
+    seal_kubelet(fake, tmp_path)
+    got = pull(kc, fake, tmp_path / "runs")
+    assert got["state"] == "seal_failed" and not got["verified"] and got["exit_code"] == FAILED
+    assert got["quarantine"].endswith("run.1--1") and "leak.txt" in got["error"]
+    assert got["sealed"] is False and got["helper_pod"] is None
+    assert not (tmp_path / "runs" / "run.1" / "cluster.PULL_VERIFIED.json").exists()
+    assert fake.names("pods") == [] and fake.names("configmaps") == []
+
+
+@needs_kubectl
+def test_pull_refuses_a_manifest_sealed_for_another_host_and_leaves_no_marker(claim_with_run, tmp_path):
+    fake, kc, _run = claim_with_run
+    seal_kubelet(fake, tmp_path)
+    got = k8s_engine.pull(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", dict(SEAL_PARAMS),
+                          tmp_path / "runs", transfer=local_tar(fake), ready_timeout_s=20, poll_s=0.1)
+    assert got["verified"]
+    seal_kubelet(fake, tmp_path)  # the claim's run was sealed for "cluster"; this pull says another instance
+    other = k8s_engine.pull(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints",
+                            dict(SEAL_PARAMS, instance_id="other-cluster"), tmp_path / "runs2",
+                            transfer=local_tar(fake), ready_timeout_s=20, poll_s=0.1)
+    assert other["state"] == "not_verified" and other["exit_code"] == FAILED
+    assert "instance gke-ml" in other["error"] and "other-cluster" in other["error"]
+    assert not (tmp_path / "runs2" / "run.1" / "cluster.PULL_VERIFIED.json").exists()
+    with pytest.raises(InputError) as bad:
+        k8s_engine.pull(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", dict(SEAL_PARAMS, host="../x"),
+                        tmp_path / "runs")
+    assert bad.value.field == "host"
+
+
+@needs_kubectl
+def test_pull_end_to_end_with_the_podman_kubelet_real_seal_pod_and_kubectl_exec(tmp_path, monkeypatch):
+    """No stand-in: the fake's podman kubelet runs the seal pod (the ConfigMap's script with the image's python3,
+    the claim bind-mounted at /checkpoints) and the helper pod, and the copy is the real `kubectl exec tar`."""
+    from tests.fakes import k8s_kubelet
+    from tests.harness.stubhost import IMAGE, image_present, podman_available
+
+    if not podman_available() or not image_present(IMAGE):
+        pytest.skip(f"needs podman and the image {IMAGE}")
+    monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "kube-cache"))
+    backing = tmp_path / "claim"
+    run = backing / "proj" / "active" / "run.1"
+    for sub in (".rgt", "out", "ckpt/step-10"):
+        (run / sub).mkdir(parents=True)
+    (run / ".rgt" / "exit.json").write_text(json.dumps({"attempt": 1, "rc": 0, "reason": "finished"}))
+    (run / "out" / "metrics.json").write_text('{"loss": 0.5}\n')
+    (run / "ckpt" / "step-10" / "model.bin").write_bytes(os.urandom(300_000))
+    fake = FakeKubernetes(NS, kubelet="podman").start()
+    session = fake.kubelet.session
+    try:
+        fake.pvc_dir(CLAIM, backing)
+        kc = k8s_engine.Kubectl(str(fake.kubeconfig(tmp_path / "kubeconfig")), None, NS)
+        got = k8s_engine.pull(kc, CLAIM, IMAGE, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, tmp_path / "runs",
+                              helper_image="busybox:1.36", ready_timeout_s=60, poll_s=0.2)
+        assert got["state"] == "verified" and got["exit_code"] == OK, got
+        dest = tmp_path / "runs" / "run.1" / "cluster"
+        assert (dest / "ckpt" / "step-10" / "model.bin").read_bytes() == \
+            (run.parents[1] / "export" / "run.1" / "ckpt" / "step-10" / "model.bin").read_bytes()
+        assert json.loads((dest.parent / "cluster.PULL_VERIFIED.json").read_text())["files"] == 3
+        assert fake.names("configmaps") == []
+    finally:
+        fake.stop()
+        k8s_kubelet.remove_all(session)

@@ -44,11 +44,11 @@ def test_every_shipped_profile_names_registered_primitives_and_verbs(name):
 
 
 def test_the_engines_not_built_yet_are_registered_and_say_what_to_use_instead():
-    for name in ("k8s-job", "vast-onstart"):
+    for name in ("vast-onstart",):
         entry = reg.detach(name)
         assert entry is not None and entry.built is False and entry.impl is None and entry.instead
-    assert [e.name for e in reg.DETACH_PRIMITIVES if e.built] == ["tmux", "nohup", "sbatch"]
-    assert reg.detach("sbatch").impl == "sbatch"
+    assert [e.name for e in reg.DETACH_PRIMITIVES if e.built] == ["tmux", "nohup", "sbatch", "k8s-job"]
+    assert reg.detach("sbatch").impl == "sbatch" and reg.detach("k8s-job").runs_on == "controller"
     assert reg.meter_stop_of(raw("slurm")["meter_stop"]) == "scancel"
     assert reg.meter_stop_of(raw("kubernetes")["meter_stop"]) == "delete_job"
     assert reg.meter_stop_of(raw("runpod")["meter_stop"]) == "runpod_rest"
@@ -71,13 +71,21 @@ def test_each_entry_says_what_it_needs():
 def test_every_built_entry_has_its_implementation_and_nothing_else_dispatches():
     from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
     from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_launch, rgt_teardown
+    from rgt import k8s_run
 
     for entry in reg.DETACH_PRIMITIVES:
         assert (entry.impl is not None) == entry.built, entry.name
-        if entry.built:
-            assert callable(getattr(rgt_launch, "start_" + entry.impl)), entry.name
+        if entry.built:  # the box's (rgt_launch) or, for one started from the controller, the runner's
+            home = k8s_run if entry.runs_on == "controller" else rgt_launch
+            assert callable(getattr(home, "start_" + entry.impl)), entry.name
     starters = {n[len("start_"):] for n in dir(rgt_launch) if n.startswith("start_")}
-    assert starters == {e.impl for e in reg.DETACH_PRIMITIVES if e.built}
+    assert starters == {e.impl for e in reg.DETACH_PRIMITIVES if e.built and e.runs_on != "controller"}
+    assert {n[len("start_"):] for n in dir(k8s_run) if n.startswith("start_")} == {
+        e.impl for e in reg.DETACH_PRIMITIVES if e.built and e.runs_on == "controller"}
+    # the launch role on a box refuses a primitive the controller starts, naming the command that does
+    field, message, fix = reg.launch_problem("k8s-job", where="box")
+    assert field == "detach.primitive" and "from the controller" in message and "rgt-run train" in fix
+    assert reg.launch_problem("k8s-job") is None
     for entry in reg.METER_STOPS:
         assert entry.built and callable(getattr(rgt_teardown, "stop_" + entry.impl)), entry.name
     stoppers = {n[len("stop_"):] for n in dir(rgt_teardown) if n.startswith("stop_")}
@@ -147,29 +155,30 @@ def test_the_roles_lookup_refuses_the_same_profile(tmp_path):
         LookupModule().run(["local"], profiles_dir=str(tmp_path))
     text = str(info.value)
     assert "field detach.primitive" in text and "'screen' is not a registered detach primitive" in text
-    assert "Fix: use one of: tmux, nohup, sbatch, k8s-job (not built yet)" in text
+    assert "Fix: use one of: tmux, nohup, sbatch, k8s-job, vast-onstart (not built yet)" in text
 
 
 # --- refused before a launch: registered but not built -----------------------------------------------------
 
 
-@pytest.mark.parametrize("name, primitive", [("kubernetes", "k8s-job")])
+@pytest.mark.parametrize("name, primitive", [("vastai", "vast-onstart")])
 def test_a_launch_through_an_unbuilt_primitive_is_refused_naming_the_field_and_what_to_use(name, primitive):
-    profile = profiles.load_profile(name)  # the profile itself is valid: teardown (scancel, kubectl) still works
+    profile = profiles.load_profile(name)
+    profile = {**profile, "detach": {**profile["detach"], "primitive": primitive, "fallback": None}}
     err = profiles.launch_problem(profile)
     assert err is not None and err.field == "detach.primitive"
     assert f"'{primitive}'" in err.message and "not built yet" in err.message
     assert "never runs the job under another primitive" in err.message
-    assert "generic_ssh" in err.fix and f"profile {name}" in str(err)
+    assert reg.detach(primitive).instead[:40] in err.fix and f"profile {name}" in str(err)
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "kubernetes"])
+@pytest.mark.parametrize("name", SHIPPED)
 def test_profiles_with_built_primitives_may_launch(name):
     assert profiles.launch_problem(profiles.load_profile(name)) is None
 
 
 def test_an_unbuilt_fallback_is_refused_too_and_auto_is_tmux_then_nohup():
-    assert reg.launch_problem("tmux", "k8s-job")[0] == "detach.fallback"
+    assert reg.launch_problem("tmux", "vast-onstart")[0] == "detach.fallback"
     assert reg.launch_problem("screen")[0] == "detach.primitive"
     assert "not a registered" in reg.launch_problem("screen")[1]
     assert reg.launch_problem("auto") is None and reg.launch_problem("tmux", "nohup") is None

@@ -282,3 +282,62 @@ def test_end_lines_start_on_a_line_of_their_own(paths):
     Path(paths.attempts).write_text('{"attempt": 1, "started_at": "t"}\n{"attempt": 1, "ende')  # torn
     wrapper.append_record({"attempt": 1, "ended_at": "u", "rc": 1, "signal": None, "reason": "failed"})
     assert rl.read_jsonl(paths.attempts)[-1]["reason"] == "failed"
+
+
+# ---------------------------------------------------------------- a container's entrypoint (Kubernetes Job)
+
+def test_the_container_variable_is_the_one_the_job_manifest_sets():
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s
+
+    assert w.CONTAINER_ENV == rgt_k8s.ENTRYPOINT_ENV
+
+
+def _container_run(paths, command, stop_after=None):
+    code = Path(paths.run_dir) / "code"
+    code.mkdir(exist_ok=True)
+    rl.atomic_write_json(paths.job, {"schema": 1, "run_id": paths.run_id, "project": paths.project,
+                                     "run_dir": paths.run_dir, "command": command, "python": sys.executable,
+                                     "code_dir": str(code), "env": {}, "grace_s": 5, "heartbeat_interval_s": 1})
+    proc = subprocess.Popen([sys.executable, str(WRAPPER), paths.run_dir], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, w.CONTAINER_ENV: "1", "PYTHONPATH": str(REPO / ".collections")})
+    if stop_after is not None:
+        deadline = time.time() + 10
+        while not os.path.exists(paths.pid) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(stop_after)
+        proc.send_signal(signal.SIGTERM)  # the kubelet's stop: SIGTERM to PID 1, then the grace period
+    out, err = proc.communicate(timeout=30)
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("command, rc, reason", [("echo hello; echo world", 0, "finished"),
+                                                 ("echo hello; echo world; exit 3", 3, "failed")])
+def test_as_a_container_entrypoint_the_log_goes_to_stdout_and_the_exit_code_is_the_outcome(paths, command, rc,
+                                                                                            reason):
+    code, out, err = _container_run(paths, command)
+    assert code == rc, err
+    lines = out.splitlines()
+    assert lines[0].startswith("== rgt attempt 1 started") and lines[1:3] == ["hello", "world"]
+    assert lines[-1].startswith("== rgt attempt 1 ended") and f"reason={reason}" in lines[-1]
+    assert rl.read_json(paths.exit)["reason"] == reason
+
+
+def test_a_stopped_container_entrypoint_exits_128_plus_the_signal_even_when_the_job_exits_cleanly(paths):
+    code, out, err = _container_run(paths, "trap 'echo saving; exit 0' TERM; echo started; sleep 30 & wait", 0.5)
+    assert code == 128 + signal.SIGTERM, err
+    assert "started" in out and "saving" in out and "reason=preempted" in out
+    assert rl.read_json(paths.exit)["reason"] == "preempted"
+
+
+def test_without_the_container_variable_the_wrapper_prints_no_log_and_exits_0(paths):
+    code = Path(paths.run_dir) / "code"
+    code.mkdir()
+    rl.atomic_write_json(paths.job, {"schema": 1, "run_id": paths.run_id, "project": paths.project,
+                                     "run_dir": paths.run_dir, "command": "echo hello; exit 3",
+                                     "python": sys.executable, "code_dir": str(code), "env": {}})
+    env = {k: v for k, v in os.environ.items() if k != w.CONTAINER_ENV}
+    env["PYTHONPATH"] = str(REPO / ".collections")
+    out = subprocess.run([sys.executable, str(WRAPPER), paths.run_dir], capture_output=True, text=True, env=env,
+                         timeout=30)
+    assert out.returncode == 0 and "hello" not in out.stdout

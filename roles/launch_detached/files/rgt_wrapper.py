@@ -14,6 +14,10 @@ incompressible bytes, one inode), made before the job starts, is released on the
 records (final heartbeat, the attempts.jsonl end line, the job.log trailer, exit.json) still fit; the wrapper
 then exits cleanly. Whatever could not be written is named on its stderr.
 
+As a container's entrypoint (a Kubernetes Job: CONTAINER_ENV=1 in its environment) it also copies job.log to
+its stdout as the job writes it (what `kubectl logs` shows), and exits with the attempt's outcome (0 finished,
+the job's code when it failed, 128+n when it was stopped or killed) so the pod and the Job end the same way.
+
 Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the role copies it there).
 """
 
@@ -41,6 +45,8 @@ GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
 GPU_HEADER = "ts,index,util_pct,mem_used_mib,mem_total_mib,temp_c"
 DEFAULTS = {"heartbeat_interval_s": 5, "gpu_sample_interval_s": 30, "grace_s": 30, "ckpt_glob": "*"}
 TICK_S = 0.2
+CONTAINER_ENV = "RGT_CONTAINER_ENTRYPOINT"  # set by the Kubernetes Job's pod spec (module_utils/rgt_k8s)
+ECHO_CHUNK = 1 << 20  # job.log bytes copied to stdout per tick at most
 # What the end records need on a full disk: a few 4 KiB blocks (heartbeat, end line, log trailer, exit.json) and
 # one inode (exit.json; the heartbeat's temp file gives its inode back on rename). 64 KiB leaves room for
 # filesystem metadata.
@@ -81,6 +87,45 @@ def unfinished_attempts(records):
     """Attempts with a start line but no end line (the wrapper vanished: SIGKILL, reboot, container stop)."""
     ended = set(r.get("attempt") for r in records if "ended_at" in r)
     return [r.get("attempt") for r in attempt_starts(records) if r.get("attempt") not in ended]
+
+
+class LogEcho(object):
+    """job.log, from where this attempt's header starts, copied to stdout as it grows (a container's log)."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.offset = os.path.getsize(path)
+        except OSError:
+            self.offset = 0
+
+    def pump(self, limit=ECHO_CHUNK):
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read(limit)
+            if data:
+                out = getattr(sys.stdout, "buffer", None)
+                (out or sys.stdout).write(data if out is not None else data.decode("utf-8", "replace"))
+                sys.stdout.flush()
+                self.offset += len(data)
+            return len(data)
+        except (OSError, ValueError):  # a log copy never kills the wrapper
+            return 0
+
+
+def container_exit(reason, rc, sig, stop_signal=None):
+    """The entrypoint's exit code for an attempt's end: what the pod (and so the Job) reports. A stopped attempt
+    is 128 + the stop signal even when the job exited cleanly on it: the pod did not finish the run."""
+    if reason == "finished":
+        return 0
+    if reason == "preempted":
+        return 128 + int(getattr(signal, str(stop_signal), signal.SIGTERM))  # a name: "SIGTERM"
+    if sig:
+        return min(128 + int(sig), 255)
+    if isinstance(rc, int) and rc > 0:
+        return min(rc, 255)
+    return 1
 
 
 def classify(rc, stop_signal=None):
@@ -395,6 +440,7 @@ class Wrapper:
         self.make_reserve()  # before the job starts: it cannot fill this part of the disk
         started = time.time()
         inc = rl.incarnation()
+        echo = LogEcho(self.paths.log) if os.environ.get(CONTAINER_ENV) == "1" else None
         self.guarded("the job.log header", lambda: self.append_line(
             self.paths.log, "== rgt attempt %d started %s resume_from=%s\n"
             % (self.attempt, now_iso(started), resume_from or "none")))
@@ -433,6 +479,8 @@ class Wrapper:
             if now >= next_gpu:
                 self.sample_gpu(smi)
                 next_gpu = now + gpu_s
+            if echo is not None:
+                echo.pump()
             time.sleep(TICK_S)
 
         if self.stop_signal:
@@ -450,7 +498,11 @@ class Wrapper:
             "attempt": self.attempt, "rc": rc, "signal": sig, "reason": reason, "ended_at": ended,
             "stop_signal": self.stop_signal}))
         self.drop_reserve()
-        return 0
+        if echo is None:
+            return 0
+        while echo.pump():
+            pass
+        return container_exit(reason, rc, sig, self.stop_signal)
 
 
 def main(argv=None):

@@ -1,0 +1,388 @@
+"""`rgt-run` on a host whose profile launches through a Kubernetes Job (detach primitive k8s-job): the commands
+that act on a run go through the controller's engine (rgt.k8s_engine, the real kubectl) instead of an SSH play.
+
+- train / launch_detached: the run's manifests (rgt.k8s: the claim, the staging ConfigMap, the Job; validated
+  offline before any host is touched) are applied; a Job that exists is never applied again, and what it is doing
+  is reported (`action: none`). The launch is remembered in the ledger like a box's (rgt.memory), so status, logs,
+  pull and teardown need no job spec again.
+- status / watch: one `kubectl get job` and one `kubectl get pods` per host (k8s_engine.observe), shaped like a
+  box's status document (state, attempt, queue_reason, attention, warnings) with a `k8s` block. A cluster that
+  does not answer is `unreachable`: it says nothing about the Job.
+- logs: `kubectl logs job/NAME -c job` (the newest pod).
+- pull: seal on the claim, copy through a helper pod, verify here (k8s_engine.pull).
+- teardown: the meter of a Kubernetes host is its Jobs. The gate is per remembered run: a Job that is live refuses,
+  an ended one needs a verified pull here; the verb deletes only the Jobs rgt launched for this host (foreground,
+  the claim is kept). Nothing else in the namespace is touched.
+
+The cluster is reached with the host's `rgt_kubeconfig` (a path; else $KUBECONFIG or kubectl's default) and
+`rgt_kube_context`, in the namespace `rgt_job.k8s.namespace`. Credentials stay in the kubeconfig.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rgt import k8s, paths
+from rgt.errors import InputError
+
+# the playbooks a kubernetes host runs through the engine (the others need a box to SSH into)
+PLAYBOOKS = ("train", "launch_detached")
+# an ended Job that train (and watch's auto_resume) replaces: its pod was evicted or preempted; a failed, timed
+# out or OOMKilled one is never relaunched (as on a box), a finished one is reported
+RELAUNCHED = ("preempted",)
+
+_layout = paths.module_util("rgt_runlayout")
+
+
+def is_k8s(host) -> bool:
+    return k8s.is_k8s(host.profile)
+
+
+def split(hosts: list) -> tuple[list, list]:
+    """(the hosts the engine acts on, the others)."""
+    return [h for h in hosts if is_k8s(h)], [h for h in hosts if not is_k8s(h)]
+
+
+def refuse_play(stem: str, hosts: list) -> None:
+    """A playbook the engine does not run, on a kubernetes host: refused at input (exit 2), nothing touched."""
+    named = [h.name for h in hosts if is_k8s(h)]
+    if named and stem not in PLAYBOOKS:
+        raise InputError(f"{', '.join(named)}: a Kubernetes host has no box to run playbooks/{stem}.yml on "
+                         "(its run is a Job on the cluster)",
+                         fix="use rgt-run train, status, watch, logs, pull and teardown on it, or --limit the "
+                             "play to the other hosts", field="rgt_profile")
+
+
+@dataclass
+class Target:
+    """One kubernetes host's run: where it lives on the claim and how the cluster is reached."""
+
+    host: object  # rgt.inventory.Host
+    job: dict
+    run_paths: object  # rgt_runlayout.RunPaths on the claim
+    kubeconfig: str | None
+    context: str | None
+    namespace: str | None
+
+    @property
+    def run_id(self) -> str:
+        return self.run_paths.run_id
+
+    @property
+    def job_name(self) -> str:
+        return k8s.lib().job_name(self.run_paths)
+
+    @property
+    def claim(self) -> str:
+        return k8s.lib().claim_name(self.job, self.run_paths.project)
+
+    def kubectl(self):
+        from rgt import k8s_engine
+
+        return k8s_engine.Kubectl(self.kubeconfig, self.context, self.namespace)
+
+
+def _plain(host, key: str, value):
+    if isinstance(value, str) and ("{{" in value or "{%" in value):
+        raise InputError(f"host '{host.name}': {key} is an Ansible template ({value!r}), and a Kubernetes host is "
+                         "driven from the controller without Ansible", fix=f"set {key} to a plain value", field=key)
+    return value
+
+
+def target(host) -> Target:
+    """The run of a kubernetes host from its job spec (given, in the inventory, or remembered); InputError when
+    there is none or a value it needs is missing or templated."""
+    job = host.vars.get("rgt_job")
+    if not isinstance(job, dict) or not job:
+        raise InputError(f"host '{host.name}': no job spec and no run remembered for it in the ledger",
+                         fix="pass -e @job.yml (the one you trained with), or train first", field="rgt_job")
+    root = _plain(host, "rgt_durable_root", host.vars.get("rgt_durable_root") or host.profile["roots"]["durable"])
+    run_id = job.get("run_id") or job.get("name")
+    try:
+        run_paths = _layout.RunPaths(str(root), host.project, str(run_id))
+    except ValueError as exc:
+        raise InputError(f"host '{host.name}': {exc}", fix="set rgt_job.run_id (or name) and rgt_project to plain "
+                         "names", field="rgt_job.run_id") from exc
+    kubeconfig = _plain(host, "rgt_kubeconfig", host.vars.get("rgt_kubeconfig"))
+    if kubeconfig:
+        kubeconfig = os.path.expanduser(str(kubeconfig))
+        if not os.path.isfile(kubeconfig):
+            raise InputError(f"host '{host.name}': rgt_kubeconfig {kubeconfig} is not a file",
+                             fix="point rgt_kubeconfig at the cluster's kubeconfig (or leave it out to use "
+                                 "$KUBECONFIG / ~/.kube/config)", field="rgt_kubeconfig")
+    context = _plain(host, "rgt_kube_context", host.vars.get("rgt_kube_context"))
+    namespace = (job.get("k8s") or {}).get("namespace")
+    return Target(host, job, run_paths, kubeconfig, context and str(context), namespace)
+
+
+# ---------------------------------------------------------------- train
+
+def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
+    """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2)."""
+    from rgt import jobspec
+
+    out = {}
+    for host in hosts:
+        tgt = target(host)
+        scratch = _plain(host, "rgt_scratch_root", host.vars.get("rgt_scratch_root")
+                         or host.profile["roots"].get("scratch"))
+        # an inventory's relative code_dir follows the inventory file (as the upload role reads it)
+        local = jobspec.resolve_paths(tgt.job, host.job_base or Path.cwd())
+        ignore = _plain(host, "upload_resume_ignore_file", host.vars.get("upload_resume_ignore_file"))
+        out[host.name] = (tgt, k8s.manifests_for(host.name, host.profile, tgt.job, tgt.run_paths,
+                                                 scratch and str(scratch), local.get("code_dir"), ignore))
+    return out
+
+
+def start_k8s_job(planned: dict[str, tuple[Target, dict]], console) -> dict:
+    """The k8s-job primitive (rgt_registry): apply each host's manifests (an ended, preempted Job is replaced).
+    {host: HostOutcome} with a `launch_detached_report` like a box's launch (state, action, attempt, detach) plus
+    the Job, its namespace and what was created."""
+    from rgt import k8s_engine
+    from rgt.errors import RgtError
+    from rgt.events import HostOutcome
+
+    outcomes = {}
+    for name, (tgt, manifests) in planned.items():
+        out = HostOutcome()
+        outcomes[name] = out
+        try:
+            kc = tgt.kubectl()
+            relaunch = k8s_engine.observe(kc, tgt.job_name)["state"] in RELAUNCHED
+            if relaunch:  # its pod was taken away: the ended Job goes, a new one resumes from the newest checkpoint
+                k8s_engine.delete(kc, tgt.job_name)
+            applied = k8s_engine.apply(kc, manifests["documents"])
+            seen = k8s_engine.observe(kc, tgt.job_name)
+        except k8s_engine.ClusterUnreachable as exc:
+            out.unreachable = True
+            out.messages.append(exc.message)
+            continue
+        except RgtError as exc:
+            out.failed = True
+            out.bad_input = isinstance(exc, InputError)
+            out.messages.append(exc.message + (f" (fix: {exc.fix})" if exc.fix else ""))
+            continue
+        created = [f"{a['kind']} {a['name']}" for a in applied if a["action"] == "created"]
+        job_created = any(a["kind"] == "Job" and a["action"] == "created" for a in applied)
+        state = seen["state"]
+        action = ("relaunch" if relaunch else "launch") if job_created else "none"
+        msg = (f"{'re' if relaunch else ''}applied Job {tgt.job_name} in {tgt.namespace or 'the context namespace'}"
+               f": {state}" if job_created else f"Job {tgt.job_name} exists ({state}): not applied twice")
+        if state == "queued" and seen.get("queue_reason"):
+            msg += f" ({seen['queue_reason']})"
+        out.changed = len(created)
+        out.ok = 1
+        out.warnings += seen.get("warnings") or []
+        out.results["launch_detached_report"] = {
+            "state": state, "action": action, "attempt": seen.get("attempt"),
+            "detach": k8s.primitive(tgt.host.profile), "session": None, "code_dir": None,
+            "run_dir": tgt.run_paths.run_dir,
+            "k8s_job": tgt.job_name, "namespace": tgt.namespace, "created": created, "msg": msg}
+        console.print(f"[bold]{name}[/bold]: {msg}", highlight=False, markup=True)
+    return outcomes
+
+
+def relaunch(hosts: list, console, ledger: Path) -> int:
+    """watch's auto_resume on kubernetes hosts: their Jobs again (a preempted one is replaced), remembered in the
+    ledger; the exit code of the launch."""
+    from rgt import memory
+    from rgt.phases import PhaseResult
+
+    result = PhaseResult(playbook="kubernetes relaunch", ident="relaunch", rc=0, status="successful",
+                         hosts=start_k8s_job(plan_launch(hosts), console))
+    memory.remember_launches(ledger, hosts, result)
+    return result.exit_code
+
+
+# ---------------------------------------------------------------- status
+
+def status_doc(host, now: float) -> dict:
+    """A kubernetes host's status document (the shapes of rgt.status.seen_doc / round_doc)."""
+    from rgt import k8s_engine
+    from rgt.errors import RgtError
+
+    if not isinstance(host.vars.get("rgt_job"), dict):
+        return {"host": host.name, "state": "not_started", "detach": k8s.primitive(host.profile),
+                "error": "no run launched on this host from this ledger"}
+    tgt = target(host)
+    base = {"host": host.name, "run_id": tgt.run_id, "project": tgt.run_paths.project,
+            "detach": k8s.primitive(host.profile),
+            "run_dir": tgt.run_paths.run_dir, "auto_resume": bool(tgt.job.get("auto_resume"))}
+    try:
+        seen = k8s_engine.observe(tgt.kubectl(), tgt.job_name)
+    except k8s_engine.ClusterUnreachable as exc:
+        return {**base, "state": "unreachable", "error": exc.message}
+    except RgtError as exc:
+        return {**base, "state": "error", "error": exc.message}
+    return {**base, **seen, "seen_at": now}
+
+
+# ---------------------------------------------------------------- logs
+
+def logs_argv(host, run: str | None, tail: int | None, follow: bool) -> list[str]:
+    """argv of `kubectl logs job/NAME -c job` for the host's run (or `run`, a run id of its project)."""
+    from rgt import k8s_engine
+
+    tgt = target(host)
+    if run is not None:
+        tgt.run_paths = _layout.RunPaths(tgt.run_paths.durable_root, tgt.run_paths.project, run)
+    return k8s_engine.logs_argv(tgt.kubectl(), tgt.job_name, tail=tail, follow=follow)
+
+
+# ---------------------------------------------------------------- pull
+
+def pull(hosts: list, runs: Path, verify_only: bool, console):
+    """`rgt-run pull` on kubernetes hosts: each run sealed on the claim by a seal pod, copied off through a helper
+    pod and verified here into the SSH pull's layout (k8s_engine.pull). A PhaseResult whose hosts carry a
+    `collect_report` like the collect role's, so rgt.pull prints and judges them the same way."""
+    from rgt import k8s_engine
+    from rgt.errors import RgtError
+    from rgt.events import HostOutcome
+    from rgt.phases import PhaseResult
+
+    result = PhaseResult(playbook="kubernetes pull", ident="pull", rc=0, status="successful")
+    for host in hosts:
+        out = HostOutcome()
+        result.hosts[host.name] = out
+        tgt = target(host)
+        job = tgt.job
+        params = {"project": tgt.run_paths.project, "run_id": tgt.run_id, "host": host.name,
+                  "instance_id": str(host.instance_id), "job_name": job.get("name") or tgt.run_id,
+                  "outputs": list(job.get("outputs") or []),
+                  "declared_checkpoints": list((job.get("checkpoint") or {}).get("declared") or []),
+                  "force_unfinished": False, "loader_python": job.get("python")}
+        try:
+            report = k8s_engine.pull(tgt.kubectl(), tgt.claim, (job.get("k8s") or {}).get("image"),
+                                     job.get("python"), tgt.run_paths.durable_root, params, runs,
+                                     profile=host.profile.get("name"), verify_command=job.get("verify_command"),
+                                     verify_only=verify_only)
+        except RgtError as exc:
+            out.failed = True
+            out.bad_input = exc.exit_code == 2
+            out.messages.append(exc.message)
+            continue
+        out.results["collect_report"] = report
+        out.unreachable = report.get("state") == "unreachable"
+        out.failed = not report.get("verified") and not out.unreachable
+        if report.get("error"):
+            out.messages.append(str(report["error"]))
+    return result
+
+
+# ---------------------------------------------------------------- teardown
+
+# a Job's rgt state as the gate's run state (rgt_gate.judge_run): live and queued block, finished needs a pull
+_GATE_STATE = {"running": "live", "queued": "live", "finished": "finished", "preempted": "preempted",
+               "failed": "failed", "oom": "failed", "timeout": "failed"}
+CLAIM_NOTE = ("a Kubernetes claim is not listed from here: the runs are the Jobs rgt launched for this host (the "
+              "ledger); the teardown deletes only those Jobs, and the claim with every file on it is kept")
+
+
+def _with_run(host, run: dict):
+    """The host as it was when `run` (a remembered run, rgt.memory) was launched."""
+    import copy
+
+    other = copy.copy(host)
+    other.vars = {**host.vars, "rgt_job": run["job"]}
+    return other
+
+
+def _export(runs: Path, run_id: str, host: str) -> dict:
+    """What the gate knows of a run's export: the manifest a verified pull brought here (the claim is not read)."""
+    import base64
+    import hashlib
+
+    path = Path(runs) / run_id / f"{host}.manifest.json"
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return {}
+    return {"sealed": True, "manifest": str(path), "manifest_b64": base64.b64encode(raw).decode(),
+            "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def _mount(profile: dict, rows: list[dict]) -> dict | None:
+    """The profile's mount that holds the runs (the claim's, at the durable root): what the gate says of their
+    files."""
+    dirs = [row["run_dir"] for row in rows]
+    best = None
+    for mount in profile.get("mounts") or []:
+        path = str(mount.get("path") or "").rstrip("/") + "/"
+        if dirs and all(d.startswith(path) for d in dirs) and (best is None or len(path) > len(best["path"])):
+            best = mount
+    return best
+
+
+def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
+    """The teardown plan of a kubernetes instance (rgt.teardown.assess's shape): every Job rgt launched for its
+    hosts, looked at with kubectl, judged by the same gate (rgt_gate.evaluate) as a box's runs."""
+    from rgt import k8s_engine, memory
+    from rgt.errors import RgtError
+    from rgt.teardown import _gate, verb_plan
+
+    item = verb_plan(inst)
+    item.update(status=None, gate=None, reasons=[], k8s_jobs=[])
+    rows, roots = [], []
+    for host in inst.hosts:
+        for run in memory.runs_of(ledger, host.name):
+            tgt = target(_with_run(host, run))
+            try:
+                seen = k8s_engine.observe(tgt.kubectl(), tgt.job_name)
+            except RgtError as exc:
+                unreachable = isinstance(exc, k8s_engine.ClusterUnreachable)
+                item.update(status="unreachable" if unreachable else "failed",
+                            reasons=[f"could not look at Job {tgt.job_name}: {exc.message}"])
+                return item
+            if seen["state"] == "not_started":  # its Job is gone already: nothing of it bills
+                continue
+            item["k8s_jobs"].append({"host": host.name, "job": tgt.job_name, "namespace": tgt.namespace,
+                                     "state": seen["state"], "run_id": tgt.run_id})
+            root = f"claim {tgt.claim}:{tgt.run_paths.durable_root}"
+            roots.append(root)
+            rows.append({"project": tgt.run_paths.project, "run_id": tgt.run_id, "run_dir": tgt.run_paths.run_dir,
+                         "state": _GATE_STATE.get(seen["state"], seen["state"]), "attempt": seen.get("attempt"),
+                         "export": _export(runs, tgt.run_id, host.name)})
+    listing = {"durable_root": ", ".join(dict.fromkeys(roots)) or None, "durable_mount": _mount(inst.profile, rows),
+               "runs": rows}
+    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, [listing], str(runs), inst.profile, manifest_lib)
+    gate["notes"].append(CLAIM_NOTE)
+    item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
+    if not item["k8s_jobs"] and gate["passed"]:
+        item.update(status="already gone", final_state="no Job of this host is left on the cluster")
+    return item
+
+
+def tear_down(inst, item: dict, ledger: Path) -> dict:
+    """Delete the Jobs the plan listed (foreground: their pods first; the claim is kept), after the gate passed and
+    the person confirmed the instance. The outcome in rgt.teardown._outcome's shape; the record in
+    <ledger>/teardown/<host>.json (atomic)."""
+    from datetime import UTC, datetime
+
+    from rgt import k8s_engine
+    from rgt.errors import RgtError
+    from rgt.ledger import atomic_write_json
+
+    by_name = {h.name: h for h in inst.hosts}
+    calls, messages, failed = [], [], False
+    for entry in item["k8s_jobs"]:
+        tgt = target(by_name[entry["host"]])
+        kc = k8s_engine.Kubectl(tgt.kubeconfig, tgt.context, entry["namespace"])
+        try:
+            done = k8s_engine.delete(kc, entry["job"])
+            calls.append({"call": f"kubectl delete job {entry['job']} --cascade=foreground", **done})
+        except RgtError as exc:
+            failed = True
+            messages.append(exc.message)
+            calls.append({"call": f"kubectl delete job {entry['job']}", "outcome": "failed", "error": exc.message})
+    final = ("unknown — check kubectl get job" if failed else
+             f"{len(calls)} Job(s) deleted; the claim is kept")
+    record = {"instance_id": inst.instance_id, "verb": item["verb"], "reversible": False, "calls": calls,
+              "final_state": final, "keeps_billing": item["keeps_billing"],
+              "at": datetime.now(UTC).isoformat(timespec="seconds")}
+    ran = inst.names[0]
+    atomic_write_json(ledger / "teardown" / f"{ran}.json", record)
+    return {"host": ran, "refused": False, "final_state": final, "calls": calls, "messages": messages,
+            "report": {"clocks": item["clocks"], "manual_steps": item["manual_steps"]},
+            "status": "failed" if failed else "done", "keeps_billing": item["keeps_billing"]}
