@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 PATH_FIELDS = ("code_dir", "data_dir")
+DEFAULT_CRLF = "refuse"  # rgt_job.crlf: roles/upload_resume/defaults (rgt_job.crlf | default('refuse'))
 _DEFINES_JOB = re.compile(r"(^|[\s{,])rgt_job\s*[:=]", re.M)
 
 

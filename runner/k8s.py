@@ -151,11 +151,12 @@ def to_yaml(doc: dict) -> str:
     return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, allow_unicode=True)
 
 
-def code_tarball(src: str, ignore_file: str | None = None) -> dict:
+def code_tarball(src: str, ignore_file: str | None = None, crlf: str = jobspec.DEFAULT_CRLF) -> dict:
     """The code tree at `src` as the stage ships it: the files upload_resume would ship (rgt_tree: the ignore rules,
     hash8 -> code-<hash8>) in a deterministic tar.gz (sorted by path, mtime 0, uid/gid 0 and no owner names, mode
     0755 for an executable file else 0644, gzip without a name or time). InputError for a symlink in the tree (the
-    stage takes plain files only) or a tree that cannot fit the ConfigMap; {hash8, files, bytes, data, sha256}."""
+    stage takes plain files only), CRLF scripts unless `crlf` is allow, or a tree that cannot fit the
+    ConfigMap; {hash8, files, bytes, data, sha256}."""
     tree = paths.module_util("rgt_tree")
     try:
         manifest = tree.build_manifest(src, ignore_file)
@@ -165,6 +166,9 @@ def code_tarball(src: str, ignore_file: str | None = None) -> dict:
         raise InputError(f"rgt_job.code_dir {src} holds a symlink ({manifest['symlinks'][0]}), and the code is "
                          "staged onto the claim as plain files only", fix=f"replace {manifest['symlinks'][0]} by "
                          "the file itself, or list it in .rgtignore", field="rgt_job.code_dir")
+    if manifest["crlf_scripts"] and crlf == "refuse":  # the upload's rule (rgt_job.crlf)
+        raise InputError(tree.crlf_refusal(manifest["src"], manifest["crlf_scripts"]),
+                         fix="convert the scripts to LF line ends, or set rgt_job.crlf: allow", field="rgt_job.crlf")
     if manifest["bytes"] > STAGE_CODE_RAW_MAX:
         raise InputError(f"rgt_job.code_dir {src} holds {manifest['bytes']} bytes, and the staged code travels in a "
                          f"ConfigMap of at most 1 MiB", fix=STAGE_TOO_BIG_FIX, field="rgt_job.code_dir")
@@ -214,6 +218,9 @@ def shown(doc: dict) -> dict:
         if name in out["data"]:
             out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "from " + "/".join(
                 STAGE_SOURCES[name]))
+    for name in [n for n in out["data"] if n.startswith(lib().RECORD_PREFIX)]:
+        out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "the manifest shown above or "
+                                         "below, written to .rgt/k8s/")
     if doc.get("binaryData"):
         out["binaryData"] = {name: _placeholder(name, base64.b64decode(blob), "base64 in the applied manifest")
                              for name, blob in doc["binaryData"].items()}
@@ -239,7 +246,7 @@ def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict,
         if not os.path.isdir(src):
             raise InputError(f"host '{host}': rgt_job.code_dir {job['code_dir']!r} is not a directory ({src})",
                              fix="set rgt_job.code_dir to the local directory to ship", field="rgt_job.code_dir")
-        code = code_tarball(src, ignore_file)
+        code = code_tarball(src, ignore_file, str(job.get("crlf") or jobspec.DEFAULT_CRLF))
     code_dir = k8s.code_dir(job, run_paths, code and code["hash8"])
     env = {str(k): str(v) for k, v in (network_env or {}).items()}
     env.update({str(k): "" if v is None else str(v) for k, v in (job.get("env") or {}).items()})

@@ -37,7 +37,6 @@ from rgt.errors import InputError, RgtError
 
 DEFAULT_PROJECT = "rgt"  # roles/*/defaults: rgt_project | default('rgt')
 DEFAULT_DISK_FLOOR_GIB = 1  # roles/launch_detached/defaults: launch_detached_job.disk_floor_gib | default(1)
-DEFAULT_CRLF = "refuse"  # roles/upload_resume/defaults: rgt_job.crlf | default('refuse')
 
 # what the roles read, rendered by Ansible for each host (missing ones come back as null)
 _RENDER = ("{{ {'durable_root': rgt_durable_root | default(none), 'project': rgt_project | default(none), "
@@ -161,7 +160,7 @@ def shipped_code(host, values: dict, job: dict, local: dict, home: str, tree) ->
     except tree.TreeError as exc:
         raise RgtError(f"host '{host.name}': cannot read the code or data tree: {exc}",
                        fix="make the files readable (the upload would fail the same way)") from exc
-    crlf = str(job.get("crlf") or DEFAULT_CRLF)
+    crlf = str(job.get("crlf") or jobspec.DEFAULT_CRLF)
     refusal = tree.crlf_refusal(code["src"], code["crlf_scripts"]) if code["crlf_scripts"] and crlf == "refuse" \
         else None
     return {"hash8": code["hash8"], "code_dir": f"{home}/code-{code['hash8']}", "code_src": code["src"],

@@ -60,6 +60,7 @@ DEFAULT_ACCESS_MODE = "ReadWriteOnce"
 CONTAINER = "job"
 VOLUME = "durable"
 JOB_FILE = "job.yaml"
+RECORD_PREFIX = "k8s."  # a staging ConfigMap's key for a manifest the stage writes to <run_dir>/.rgt/k8s/
 PVC_FILE = "pvc.yaml"
 STAGE_FILE = "stage.yaml"
 STAGE_CONTAINER = "stage"  # the init container that stages the run dir on the claim
@@ -237,15 +238,18 @@ def _metadata(name, namespace, labels, annotations):
     return meta
 
 
-def stage_config_map(paths, stage, namespace, labels, annotations):
+def stage_config_map(paths, stage, namespace, labels, annotations, recorded=()):
     """The ConfigMap the stage container reads: the text files as data, code.tar.gz (when shipped) as binaryData
-    (base64, as the API wants it)."""
+    (base64, as the API wants it), and each of `recorded` [(file, manifest)] as `k8s.<file>` (deterministic JSON,
+    which is YAML too), which the stage writes to <run_dir>/.rgt/k8s/<file>: the run keeps the manifests it was
+    applied from."""
     missing = [name for name in STAGE_TEXT_FILES if not isinstance(stage.get(name), str)]
     if missing:
         raise ValueError("the stage lacks %s" % ", ".join(missing))
+    data = dict((name, stage[name]) for name in STAGE_TEXT_FILES)
+    data.update((RECORD_PREFIX + name, dumps(doc)) for name, doc in recorded)
     doc = {"apiVersion": "v1", "kind": "ConfigMap",
-           "metadata": _metadata(stage_name(paths), namespace, labels, annotations),
-           "data": dict((name, stage[name]) for name in STAGE_TEXT_FILES)}
+           "metadata": _metadata(stage_name(paths), namespace, labels, annotations), "data": data}
     if stage.get(STAGE_CODE) is not None:
         doc["binaryData"] = {STAGE_CODE: base64.b64encode(stage[STAGE_CODE]).decode("ascii")}
     return doc
@@ -310,11 +314,12 @@ def build(job, profile, paths, network_env=None, stage=None):
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _metadata(claim, s["namespace"], project_labels, {ANNOTATION_PROJECT: paths.project}),
             "spec": pvc_spec}))
+    job_doc = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": _metadata(job_name(paths), s["namespace"], labels, annotations), "spec": spec}
     if stage is not None:
-        manifests.append((STAGE_FILE, stage_config_map(paths, stage, s["namespace"], labels, annotations)))
-    manifests.append((JOB_FILE, {"apiVersion": "batch/v1", "kind": "Job",
-                                 "metadata": _metadata(job_name(paths), s["namespace"], labels, annotations),
-                                 "spec": spec}))
+        recorded = manifests + [(JOB_FILE, job_doc)]
+        manifests.append((STAGE_FILE, stage_config_map(paths, stage, s["namespace"], labels, annotations, recorded)))
+    manifests.append((JOB_FILE, job_doc))
     return manifests
 
 

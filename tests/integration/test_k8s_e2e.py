@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from clihelp import REPO, wait_for, write_inventory
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout
@@ -90,6 +91,11 @@ def test_a_kubernetes_run_is_preempted_resumed_pulled_verified_and_torn_down(rgt
         # staged by the init container, then the wrapper's first checkpoints on the claim
         wait_for(lambda: len(list((run_dir / "ckpt").glob("step_*.ckpt"))) >= 2, 120, "two checkpoints")
         assert (run_dir / ".rgt" / "wrapper.py").is_file() and (run_dir / ".rgt" / "job.json").is_file()
+        kept = yaml.safe_load((run_dir / ".rgt" / "k8s" / "job.yaml").read_text())  # the manifest it ran from
+        live = fake.get("jobs", JOB)["spec"]["template"]["spec"]
+        assert kept["kind"] == "Job" and kept["metadata"]["name"] == JOB
+        assert kept["spec"]["template"]["spec"]["containers"] == live["containers"]
+        assert (run_dir / ".rgt" / "k8s" / "pvc.yaml").is_file()
         assert status()["state"] == "running"
         logs = rgt("logs", "-i", inv, "--tail", "5", env=env, timeout=60)
         assert logs.rc == 0 and "step=" in logs.stdout, logs.stdout + logs.stderr

@@ -117,7 +117,9 @@ def test_the_job_carries_every_field_of_the_spec_and_the_wrapper_as_entrypoint()
         "command": ["/usr/bin/python3", "/rgt-stage/rgt_k8s_stage.py", "/checkpoints/proj/active/run.1"],
         "volumeMounts": [{"name": "durable", "mountPath": "/checkpoints"},
                          {"name": "rgt-stage", "mountPath": "/rgt-stage", "readOnly": True}]}]
-    assert stage["data"] == {k: v for k, v in STAGE.items() if k != "code.tar.gz"}
+    # the scripts, job.json, and the manifests the run is applied from (kept as <run_dir>/.rgt/k8s/<file>)
+    assert stage["data"] == {**{k: v for k, v in STAGE.items() if k != "code.tar.gz"},
+                             "k8s.pvc.yaml": rgt_k8s.dumps(claim), "k8s.job.yaml": rgt_k8s.dumps(job)}
     assert stage["binaryData"] == {"code.tar.gz": base64.b64encode(STAGE["code.tar.gz"]).decode("ascii")}
     assert stage["metadata"]["labels"] == job["metadata"]["labels"]
     assert stage["metadata"]["annotations"] == job["metadata"]["annotations"]
@@ -477,6 +479,16 @@ def test_a_symlink_in_the_code_dir_is_refused_naming_it(tmp_path):
     with pytest.raises(InputError) as caught:
         k8s.manifests_for("cluster", PROFILE, full_job(), run_paths(), code_src=str(tmp_path))
     assert caught.value.field == "rgt_job.code_dir" and "latest" in caught.value.message
+
+
+def test_a_crlf_script_in_the_code_dir_is_refused_as_the_upload_refuses_it_unless_allowed(tmp_path):
+    (tmp_path / "run.sh").write_bytes(b"#!/bin/bash\r\necho ok\r\n")
+    with pytest.raises(InputError) as caught:
+        k8s.manifests_for("cluster", PROFILE, full_job(), run_paths(), code_src=str(tmp_path))
+    assert caught.value.exit_code == 2 and caught.value.field == "rgt_job.crlf" and "run.sh" in caught.value.message
+    job = {**full_job(), "crlf": "allow"}
+    allowed = k8s.manifests_for("cluster", PROFILE, job, run_paths(), code_src=str(tmp_path))
+    assert allowed["stage"]["code"]["files"] == 1
 
 
 def test_code_in_the_image_needs_workdir_and_is_not_shipped():

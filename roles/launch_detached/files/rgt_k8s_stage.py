@@ -40,6 +40,7 @@ finally:
 
 STAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 CODE_TARBALL = "code.tar.gz"
+RECORD_PREFIX = "k8s."  # k8s.<file>: a manifest the run was applied from, kept as <run_dir>/.rgt/k8s/<file>
 # (file in the ConfigMap, path under <run_dir>/.rgt, mode); job.json last: it names the code dir staged before it
 INSTALLS = (("wrapper.py", "wrapper.py", 0o755), ("rgt_runlayout.py", "rgt_runlayout.py", 0o644),
             ("job.json", "job.json", 0o600))
@@ -187,6 +188,13 @@ def stage(run_dir, stage_dir=STAGE_DIR):
         except (IOError, OSError) as exc:
             raise StageError("the stage has no %s: %s" % (name, exc)) from exc
         changed = install(os.path.join(paths.meta, target), data, mode)
+        lines.append("%s .rgt/%s" % ("installed" if changed else "kept", target))
+    records = sorted(n for n in os.listdir(stage_dir) if n.startswith(RECORD_PREFIX) and len(n) > len(RECORD_PREFIX))
+    if records and not os.path.isdir(os.path.join(paths.meta, "k8s")):
+        os.makedirs(os.path.join(paths.meta, "k8s"))
+    for name in records:
+        target = "k8s/" + name[len(RECORD_PREFIX):]
+        changed = install(os.path.join(paths.meta, target), read_bytes(os.path.join(stage_dir, name)), 0o644)
         lines.append("%s .rgt/%s" % ("installed" if changed else "kept", target))
     return lines
 
