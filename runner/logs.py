@@ -31,7 +31,8 @@ Print the log of the run on each box (or on the boxes of -l): by default the new
 where it started; --all shows every attempt, --tail N only the last N lines. Attempt boundaries are marked. With
 -f it keeps printing what the job writes until the run ends (Ctrl-C stops following; the job keeps running). If
 the connection drops while following, it says so, reconnects and carries on where it stopped, without repeating
-a line. With several boxes each line starts with the box's name.
+a line. With several boxes each line starts with the box's name. On a Kubernetes host it is `kubectl logs` of
+the run's Job (the newest pod; --all is not served there).
 Exit codes: 3 a host key does not match its pin, else 1 a log could not be read, else 4 a box is unreachable,
 else 0."""
 BACKOFF_START_S = 1.0
