@@ -114,8 +114,9 @@ METER_STOPS = (
           impl="api", runs_on="controller", env=_API_ENV, profile_fields=_API_FIELDS, client_class="AutoDLToken"),
     Entry("scancel", "cancel the Slurm job on the login node and watch it end (scontrol)", True, impl="scancel",
           runs_on="login node", binaries=("scancel", "scontrol")),
-    Entry("delete_job", "kubectl delete job <name> (the PVC is kept); printed when kubectl is missing", True,
-          impl="delete_job", runs_on="controller", binaries=("kubectl",)),
+    Entry("delete_job", "kubectl delete job <name> for each Job rgt launched for the host (rgt-run teardown; the "
+          "claim is kept); the teardown role alone calls nothing and says so", True, impl="delete_job",
+          runs_on="controller", binaries=("kubectl",)),
     Entry("manual", "nothing is called: the user follows the profile's console steps", True, impl="manual",
           runs_on="controller", profile_fields=("meter_stop.manual_steps",)),
     Entry("none", "nothing bills: nothing to stop", True, impl="none", runs_on="controller"),

@@ -33,8 +33,8 @@ description:
     C(meter_stop.api.client), else C(meter_stop.verb), else C(manual) for an action with console steps); one that
     is not registered or not built fails before the gate with C(rc_hint=2) and the profile field, nothing called.
   - C(manual) prints the profile's steps and calls nothing; C(none) has nothing to stop; C(scancel) returns the
-    command for the role to run on the login node; C(delete_job) runs C(kubectl delete job) when kubectl exists
-    on the controller (the PVC is kept), else prints it.
+    command for the role to run on the login node; C(delete_job) calls nothing here (C(rgt-run teardown) deletes
+    the run's Jobs by name, docs/kubernetes.md) and says so.
   - Writes the record C({instance_id, verb, reversible, calls, final_state, keeps_billing, at}) to
     I(ledger_path) (atomic) once the gate passed, and returns the same.
   - The API key is read from the environment variable named by the profile (C(meter_stop.api.key_env)); it is
@@ -195,8 +195,6 @@ rc_hint:
 import datetime
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -250,19 +248,6 @@ def call_made_before(path, instance_id):
     return any(c.get("method") != "GET" and (c.get("status") == "timeout" or
                                              (isinstance(c.get("status"), int) and c["status"] < 300))
                for c in prev.get("calls") or [] if isinstance(c, dict))
-
-
-def run_kubectl(module, name):
-    kubectl = shutil.which("kubectl")
-    command = ["kubectl", "delete", "job", name]
-    if not kubectl:
-        return "manual — run: %s (the PVC is kept)" % " ".join(command), False
-    proc = subprocess.run([kubectl, "delete", "job", name, "--ignore-not-found", "--wait=true"],
-                          capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        module.fail_json(msg="kubectl delete job %s failed: %s" % (name, proc.stderr.strip()[:500]),
-                         final_state="unknown — check kubectl get job")
-    return ("deleted" if proc.stdout.strip() else "already gone"), bool(proc.stdout.strip())
 
 
 def _now():
@@ -319,9 +304,11 @@ def stop_scancel(module, p, api, record, extra, base, gate):
 
 
 def stop_delete_job(module, p, api, record, extra, base, gate):
-    final, changed = run_kubectl(module, p["instance_id"])
-    record.update(final_state=final, at=_now())
-    return changed
+    """A Kubernetes host's meter is its run's Jobs, which only the runner knows by name (rgt.k8s_run, from the
+    ledger): the role alone deletes nothing and says how (never a Job named after the instance id)."""
+    record.update(final_state="manual — nothing was called: `rgt-run teardown` deletes this host's run Jobs by "
+                              "name (kubectl delete job <name>; the claim is kept)", at=_now())
+    return False
 
 
 def stop_manual(module, p, api, record, extra, base, gate):

@@ -198,3 +198,13 @@ def test_profiles_show_says_which_primitive_and_verb_and_whether_built():
     doc = profiles.profile_as_json(profiles.load_profile("slurm"))
     assert doc["engines"]["detach"]["name"] == "sbatch" and doc["engines"]["detach"]["built"] is True
     assert doc["engines"]["meter_stop"]["name"] == "scancel" and doc["engines"]["meter_stop"]["built"] is True
+
+
+def test_the_teardown_role_alone_deletes_no_kubernetes_job():
+    """Only the runner knows a kubernetes host's run Jobs (rgt.k8s_run, from the ledger): the role's delete_job
+    calls nothing (never a Job named after the instance id) and says what does."""
+    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_teardown
+
+    record = {}
+    assert rgt_teardown.stop_delete_job(None, {"instance_id": "gke-ml"}, None, record, None, None, None) is False
+    assert record["final_state"].startswith("manual") and "rgt-run teardown" in record["final_state"]
