@@ -136,10 +136,11 @@ def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
     return out
 
 
-def start_k8s_job(planned: dict[str, tuple[Target, dict]], console) -> dict:
-    """The k8s-job primitive (rgt_registry): apply each host's manifests (an ended, preempted Job is replaced).
-    {host: HostOutcome} with a `launch_detached_report` like a box's launch (state, action, attempt, detach) plus
-    the Job, its namespace and what was created."""
+def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bool = True) -> dict:
+    """The k8s-job primitive (rgt_registry): apply each host's manifests (an ended, preempted Job is replaced; with
+    `new_code`, as `train` does on a box, its staging ConfigMap too, so the new pod runs the code and job.json of
+    this spec; watch's relaunch keeps the old ones). {host: HostOutcome} with a `launch_detached_report` like a
+    box's launch (state, action, attempt, detach) plus the Job, its namespace and what was created."""
     from rgt import k8s_engine
     from rgt.errors import RgtError
     from rgt.events import HostOutcome
@@ -153,6 +154,8 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console) -> dict:
             relaunch = k8s_engine.observe(kc, tgt.job_name)["state"] in RELAUNCHED
             if relaunch:  # its pod was taken away: the ended Job goes, a new one resumes from the newest checkpoint
                 k8s_engine.delete(kc, tgt.job_name)
+                if new_code:
+                    kc.check("delete", "configmap", k8s.lib().stage_name(tgt.run_paths), "--ignore-not-found")
             applied = k8s_engine.apply(kc, manifests["documents"])
             seen = k8s_engine.observe(kc, tgt.job_name)
         except k8s_engine.ClusterUnreachable as exc:
@@ -191,7 +194,7 @@ def relaunch(hosts: list, console, ledger: Path) -> int:
     from rgt.phases import PhaseResult
 
     result = PhaseResult(playbook="kubernetes relaunch", ident="relaunch", rc=0, status="successful",
-                         hosts=start_k8s_job(plan_launch(hosts), console))
+                         hosts=start_k8s_job(plan_launch(hosts), console, new_code=False))
     memory.remember_launches(ledger, hosts, result)
     return result.exit_code
 

@@ -160,3 +160,22 @@ def test_kubeconfig_must_exist(rgt, cluster, tmp_path):
     result = train(rgt, inv, env)
     assert result.rc == 2 and result.doc["field"] == "rgt_kubeconfig", result.stderr
     assert fake.mutating_calls() == [] and not Path(tmp_path / "missing").exists()
+
+
+def test_train_after_a_preemption_replaces_the_job_and_its_stage_with_the_new_code(rgt, cluster, tmp_path):
+    """As on a box: `train` again after a preemption runs the code of the spec given now (watch's relaunch keeps the
+    old code, test_watch_relaunches_a_preempted_auto_resume_job_once)."""
+    fake, inv, env = cluster
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('v1')\n")
+    assert train(rgt, inv, env, code_dir=str(code)).rc == 0
+    stage = rgt_k8s.stage_name(RUN_PATHS)
+    first = json.loads(fake.get("configmaps", stage)["data"]["job.json"])["code_dir"]
+    pod = fake.add_pod(JOB, phase="Running")
+    fake.evict(pod)
+    (code / "train.py").write_text("print('v2, the fix')\n")
+    again = train(rgt, inv, env, code_dir=str(code))
+    assert again.rc == 0 and again.doc["hosts"]["cluster"]["launch_detached"]["action"] == "relaunch", again.stderr
+    second = json.loads(fake.get("configmaps", stage)["data"]["job.json"])["code_dir"]
+    assert first != second and second.startswith(f"{RUN_PATHS.run_dir}/code-")
