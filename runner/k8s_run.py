@@ -357,19 +357,25 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
     return item
 
 
-def tear_down(inst, item: dict, ledger: Path) -> dict:
-    """Delete the Jobs the plan listed (foreground: their pods first; the claim is kept), after the gate passed and
-    the person confirmed the instance. The outcome in rgt.teardown._outcome's shape; the record in
-    <ledger>/teardown/<host>.json (atomic)."""
+def tear_down(inst, item: dict, ledger: Path, runs: Path, manifest_lib) -> dict:
+    """After the person confirmed the instance: look at its Jobs again and re-check the gate (a Job may have been
+    relaunched while the plan waited for the answer), then delete the Jobs (foreground: their pods first; the claim
+    is kept). The outcome in rgt.teardown._outcome's shape; the record in <ledger>/teardown/<host>.json (atomic)."""
     from datetime import UTC, datetime
 
     from rgt import k8s_engine
     from rgt.errors import RgtError
     from rgt.ledger import atomic_write_json
 
+    ran = inst.names[0]
+    again = assess(inst, ledger, runs, manifest_lib)
+    if again["status"] not in ("ready", "already gone"):
+        return {"host": ran, "refused": again["status"] == "refused", "final_state": None, "calls": [],
+                "messages": [f"looked again before deleting: {r}" for r in again["reasons"]], "report": {},
+                "status": again["status"]}
     by_name = {h.name: h for h in inst.hosts}
     calls, messages, failed = [], [], False
-    for entry in item["k8s_jobs"]:
+    for entry in again["k8s_jobs"]:
         tgt = target(by_name[entry["host"]])
         kc = k8s_engine.Kubectl(tgt.kubeconfig, tgt.context, entry["namespace"])
         try:
@@ -384,7 +390,6 @@ def tear_down(inst, item: dict, ledger: Path) -> dict:
     record = {"instance_id": inst.instance_id, "verb": item["verb"], "reversible": False, "calls": calls,
               "final_state": final, "keeps_billing": item["keeps_billing"],
               "at": datetime.now(UTC).isoformat(timespec="seconds")}
-    ran = inst.names[0]
     atomic_write_json(ledger / "teardown" / f"{ran}.json", record)
     return {"host": ran, "refused": False, "final_state": final, "calls": calls, "messages": messages,
             "report": {"clocks": item["clocks"], "manual_steps": item["manual_steps"]},

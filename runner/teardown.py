@@ -307,13 +307,13 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     code = errors.REFUSED if refused else errors.OK
     for iid in [i for i in confirmed if i in on_cluster]:
         console.print(f"\n[bold]rgt[/bold] teardown of {escape(iid)}: deleting its Jobs")
-        outcome = k8s_run.tear_down(by_id[iid], doc["instances"][iid], ledger)
+        outcome = k8s_run.tear_down(by_id[iid], doc["instances"][iid], ledger, runs, lib)
         doc["instances"][iid]["outcome"] = outcome
-        host_entries(doc["instances"][iid], refused=False, final_state=outcome["final_state"],
+        host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
                      status=outcome["status"], messages=outcome["messages"])
         _print_outcome(console, doc["instances"][iid], outcome)
-        if outcome["status"] != "done":
-            code = errors.worst([code, errors.FAILED])
+        code = errors.worst([code, {"done": errors.OK, "refused": errors.REFUSED,
+                                    "unreachable": errors.UNREACHABLE}.get(outcome["status"], errors.FAILED)])
     run_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
     if run_hosts:
         evars = {**extravars, "rgt_runs_dir": str(runs),

@@ -179,3 +179,27 @@ def test_train_after_a_preemption_replaces_the_job_and_its_stage_with_the_new_co
     assert again.rc == 0 and again.doc["hosts"]["cluster"]["launch_detached"]["action"] == "relaunch", again.stderr
     second = json.loads(fake.get("configmaps", stage)["data"]["job.json"])["code_dir"]
     assert first != second and second.startswith(f"{RUN_PATHS.run_dir}/code-")
+
+
+def test_the_teardown_looks_at_the_jobs_again_before_it_deletes_one(rgt, cluster, tmp_path, monkeypatch):
+    """The plan passed (the run was preempted: nothing to pull); while it waited for the confirmation the run was
+    trained again: the second look refuses and nothing is deleted."""
+    from rgt import k8s_run, memory, teardown
+    from rgt.inventory import load_hosts
+
+    fake, inv, env = cluster
+    monkeypatch.setenv("RGT_KUBECTL", env["RGT_KUBECTL"])
+    assert train(rgt, inv, env).rc == 0
+    fake.evict(fake.add_pod(JOB, phase="Running"))
+    hosts = load_hosts(str(inv))
+    memory.recall(rgt.ledger, hosts)
+    (inst,) = teardown.instances_of(hosts, str(inv), None)
+    lib, runs = teardown.manifest_lib(), tmp_path / "runs"
+    plan = k8s_run.assess(inst, rgt.ledger, runs, lib)
+    assert plan["status"] == "ready" and [j["state"] for j in plan["k8s_jobs"]] == ["preempted"], plan["reasons"]
+
+    assert train(rgt, inv, env).rc == 0  # relaunched meanwhile: a new Job, queued
+    outcome = k8s_run.tear_down(inst, plan, rgt.ledger, runs, lib)
+    assert outcome["status"] == "refused" and outcome["calls"] == [], outcome
+    assert "looked again" in outcome["messages"][0] and fake.get("jobs", JOB) is not None
+    assert not (rgt.ledger / "teardown").exists()
