@@ -751,29 +751,12 @@ def _pull_verify():
 
 
 def _verify(pv, p: dict, result: dict) -> None:
-    """rgt_pull_verify's main() without Ansible: verify `p["dest"]` against the local manifest and write the
-    provenance note and the marker (pv.run); on a failure the marker is removed and result says why."""
-    dest = p["dest"]
-    base = os.path.dirname(dest)
-    marker = os.path.join(base, f"{p['host']}.PULL_VERIFIED.json")
-    prov_path = os.path.join(base, f"{p['host']}.PROVENANCE.md")
-    result.update(changed=False, verified=False, marker=marker, dest=dest, manifest_path=p["manifest_path"])
-    where = f"{p['run_id']}/{p['host']}"
-    try:
-        pv.run(p, dest, marker, prov_path, result)
-        return
-    except pv.Failed as exc:
-        result.update(exc.extra)
-        msg = f"PULL NOT VERIFIED for {where}: {exc.message}"
-    except OSError as exc:
-        msg = f"PULL NOT VERIFIED for {where}: {pv.os_words(exc)}; nothing is marked verified"
-    result["verified"] = False
-    try:
-        if pv.remove_marker(marker):
-            result.update(changed=True, marker_removed=True)
-    except OSError as exc:
-        msg += f"; and the marker {marker} could not be removed: {pv.os_words(exc)} (delete it by hand)"
-    result["msg"] = msg
+    """rgt_pull_verify.verify_pull (the module's own verification, marker and provenance) into `result`; a
+    failure's message as result["msg"]."""
+    done, msg = pv.verify_pull(p)
+    result.update(done)
+    if msg is not None:
+        result["msg"] = msg
 
 
 def _place(staging: Path, run_id: str, dest: Path, doc: dict) -> list[str]:

@@ -219,6 +219,27 @@ def atomic_write(path, data, mode=0o644):
     fsync_dir(directory)
 
 
+def install(path, data, mode):
+    """Write `data` (bytes or text) to `path` atomically when its bytes differ, else fix the mode only; True when
+    something changed. None writes nothing. The launch's wrapper files and the Kubernetes stage's."""
+    if data is None:
+        return False
+    if not isinstance(data, bytes):
+        data = data.encode("utf-8")
+    try:
+        with open(path, "rb") as handle:
+            same = handle.read() == data
+        if same:
+            if (os.stat(path).st_mode & 0o7777) == mode:
+                return False
+            os.chmod(path, mode)
+            return True
+    except (IOError, OSError):
+        pass
+    atomic_write(path, data, mode)
+    return True
+
+
 def atomic_write_json(path, doc, mode=0o644):
     atomic_write(path, json.dumps(doc, sort_keys=True, indent=1) + "\n", mode)
 

@@ -320,24 +320,6 @@ def expand_env(env):
     return out
 
 
-def install(path, content, mode):
-    """Write content atomically when it differs; True when written."""
-    if content is None:
-        return False
-    data = content.encode("utf-8")
-    try:
-        with open(path, "rb") as handle:
-            if handle.read() == data:
-                if (os.stat(path).st_mode & 0o7777) != mode:
-                    os.chmod(path, mode)
-                    return True
-                return False
-    except (IOError, OSError):
-        pass
-    rl.atomic_write(path, data, mode)
-    return True
-
-
 def tmux_env():
     env = dict(os.environ)
     env.pop("TMUX", None)
@@ -460,7 +442,7 @@ def start_sbatch(module, paths, python, wrapper, result):
     entry = rgt_registry.detach(module.params["detach"])
     spec = slurm_spec(module, result)
     script = os.path.join(paths.meta, "sbatch.sh")
-    install(script, rgt_slurm.batch_script(python, wrapper, paths.run_dir, entry.name), 0o755)
+    rl.install(script, rgt_slurm.batch_script(python, wrapper, paths.run_dir, entry.name), 0o755)
     argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, slurm_job_name(paths),
                                  os.path.join(paths.logs, "slurm-%j.out"), paths.run_dir, module.params["grace_s"],
                                  spec.get("requeue", True) is not False, spec)
@@ -624,7 +606,7 @@ def submit_array(module, entry, python, sweep_dir, name, cells, throttle, result
     listing = os.path.join(meta, "array-%d.list" % serial)
     rl.atomic_write(listing, ("\n".join(paths.run_dir for _c, paths in cells) + "\n").encode("utf-8"), 0o644)
     script = os.path.join(meta, "array.sh")
-    install(script, rgt_slurm.array_script(python, entry.name), 0o755)
+    rl.install(script, rgt_slurm.array_script(python, entry.name), 0o755)
     argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, "rgt-%s-%s" % (p["project"], name),
                                  os.path.join(sweep_dir, "logs", "slurm-%A_%a.out"), sweep_dir, p["grace_s"],
                                  spec.get("requeue", True) is not False, spec)
@@ -751,8 +733,8 @@ def launch_sweep(module, root, python, inc):
         for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
             if not os.path.isdir(directory):
                 os.makedirs(directory)
-        install(paths.wrapper, p["wrapper_content"], 0o755)
-        install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+        rl.install(paths.wrapper, p["wrapper_content"], 0o755)
+        rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
         old = rl.read_json(paths.job) or {}
         cell_code = code_dir if (p["use_new_code"] or state == "never") else old.get("code_dir") or code_dir
         doc = job_document(module, paths, rgt_sweep.cell_job(job, cell), cell_code, omp, python, secrets_file)
@@ -769,8 +751,8 @@ def launch_sweep(module, root, python, inc):
                      sweep.get("parallel"), result)
         report_array(module, name, views, result)
     script = os.path.join(meta, "queue.py")
-    install(script, p["queue_content"], 0o755)
-    install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    rl.install(script, p["queue_content"], 0o755)
+    rl.install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
     if not os.path.isfile(script):
         module.fail_json(msg="no sweep queue at %s (pass queue_content)" % script, **result)
     spec_path = os.path.join(meta, "queue.json")
@@ -966,8 +948,8 @@ def main():
         if not os.path.isdir(directory):
             os.makedirs(directory)
     wrapper = p["wrapper_src"] or paths.wrapper
-    install(paths.wrapper, p["wrapper_content"], 0o755)
-    install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    rl.install(paths.wrapper, p["wrapper_content"], 0o755)
+    rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
     if not os.path.isfile(wrapper):
         module.fail_json(msg="no wrapper at %s (pass wrapper_content or wrapper_src)" % wrapper, **result)
     doc = job_document(module, paths, job, code_dir, omp, python, secrets_file)

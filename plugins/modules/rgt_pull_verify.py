@@ -483,36 +483,40 @@ def main():
         module.exit_json(changed=False, report=report, failure=failure)
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="nothing is pulled or verified in check mode")
+    result, msg = verify_pull(p)
+    if msg is not None:
+        module.fail_json(msg=msg, **result)
+    module.exit_json(**result)
+
+
+def verify_pull(p):
+    """Verify p["dest"] (promoting p["incoming_manifest"] first, when given), write the provenance note and the
+    marker beside it: (result, None); on a failure the marker is removed: (result, message). The one copy for the
+    module and for the Kubernetes pull (runner/k8s_engine.py, which imports this file as a library)."""
     dest = p["dest"].rstrip("/")
     base = os.path.dirname(dest)
     marker = os.path.join(base, "%s.PULL_VERIFIED.json" % p["host"])
     prov_path = os.path.join(base, "%s.PROVENANCE.md" % p["host"])
     result = dict(changed=False, verified=False, marker=marker, dest=dest, manifest_path=p["manifest_path"])
     if p["incoming_manifest"] and p["instance_id"] is None:
-        module.fail_json(msg="instance_id is required with incoming_manifest (the manifest's instance must match)",
-                         **result)
+        return result, "instance_id is required with incoming_manifest (the manifest's instance must match)"
     where = "%s/%s" % (p["run_id"], p["host"])
     try:
         run(p, dest, marker, prov_path, result)
+        return result, None
     except Failed as exc:
         result.update(exc.extra)
-        fail(module, result, marker, "PULL NOT VERIFIED for %s: %s" % (where, exc.message))
+        msg = "PULL NOT VERIFIED for %s: %s" % (where, exc.message)
     except (IOError, OSError) as exc:
-        fail(module, result, marker, "PULL NOT VERIFIED for %s: %s; nothing is marked verified" % (
-            where, os_words(exc)))
-    module.exit_json(**result)
-
-
-def fail(module, result, marker, msg):
-    """Remove the marker (a stale one, or one half-way through a failed write) and fail with msg."""
+        msg = "PULL NOT VERIFIED for %s: %s; nothing is marked verified" % (where, os_words(exc))
     result["verified"] = False
-    try:
+    try:  # a stale marker, or one half-way through a failed write
         if remove_marker(marker):
             result["changed"] = True
             result["marker_removed"] = True
     except (IOError, OSError) as exc:
         msg += "; and the marker %s could not be removed: %s (delete it by hand)" % (marker, os_words(exc))
-    module.fail_json(msg=msg, **result)
+    return result, msg
 
 
 def run(p, dest, marker, prov_path, result):

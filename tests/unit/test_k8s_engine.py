@@ -1,8 +1,8 @@
 """The controller's Kubernetes engine (runner/k8s_engine.py): argv building, the Job/pod -> run state mapping on
 literal `kubectl get -o json` documents, and apply / observe / logs / delete / collect with the REAL kubectl
-against the project's fake API server (tests/fakes/k8s_api.py). kubectl itself is never mocked. The one step the
-fake cannot serve is `kubectl exec` (see the fake's docstring): collect's tar stream comes from a local stand-in
-that runs the real tar on the directory backing the claim; everything around it is real kubectl."""
+against the project's fake API server (tests/fakes/k8s_api.py). kubectl itself is never mocked. Without its
+podman kubelet the fake serves no `kubectl exec`: there, collect's tar stream comes from a local stand-in that runs
+the real tar on the directory backing the claim; the pull test with the kubelet uses the real exec."""
 
 from __future__ import annotations
 

@@ -55,20 +55,6 @@ def read_bytes(path):
         return handle.read()
 
 
-def install(path, data, mode):
-    """Write `data` to `path` atomically when the bytes differ (else fix the mode only); True when changed."""
-    try:
-        if read_bytes(path) == data:
-            if (os.stat(path).st_mode & 0o7777) == mode:
-                return False
-            os.chmod(path, mode)
-            return True
-    except (IOError, OSError):
-        pass
-    rl.atomic_write(path, data, mode)
-    return True
-
-
 def tar_members(tar):
     """The tarball's members after the safety rules (StageError naming the first bad one): plain files and dirs
     only, each name a safe relative path (rgt_runlayout.check_relpath: not absolute, no '..', '.' or empty
@@ -187,14 +173,14 @@ def stage(run_dir, stage_dir=STAGE_DIR):
             data = read_bytes(os.path.join(stage_dir, name))
         except (IOError, OSError) as exc:
             raise StageError("the stage has no %s: %s" % (name, exc)) from exc
-        changed = install(os.path.join(paths.meta, target), data, mode)
+        changed = rl.install(os.path.join(paths.meta, target), data, mode)
         lines.append("%s .rgt/%s" % ("installed" if changed else "kept", target))
     records = sorted(n for n in os.listdir(stage_dir) if n.startswith(RECORD_PREFIX) and len(n) > len(RECORD_PREFIX))
     if records and not os.path.isdir(os.path.join(paths.meta, "k8s")):
         os.makedirs(os.path.join(paths.meta, "k8s"))
     for name in records:
         target = "k8s/" + name[len(RECORD_PREFIX):]
-        changed = install(os.path.join(paths.meta, target), read_bytes(os.path.join(stage_dir, name)), 0o644)
+        changed = rl.install(os.path.join(paths.meta, target), read_bytes(os.path.join(stage_dir, name)), 0o644)
         lines.append("%s .rgt/%s" % ("installed" if changed else "kept", target))
     return lines
 
