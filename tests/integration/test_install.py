@@ -49,8 +49,9 @@ def tool(tmp_path_factory):
     # no ensurepip (seconds on 2 cores): this interpreter's pip installs into the new venv (pip --python)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    # the wheel's ranges, at the versions CI tests (constraints.txt), as scripts/bootstrap installs them
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                           "--disable-pip-version-check", str(wheel)],
+                           "--disable-pip-version-check", "-c", str(REPO / "constraints.txt"), str(wheel)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

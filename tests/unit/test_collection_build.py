@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 from tests.buildwheel import build_dists
 
@@ -105,12 +107,35 @@ def test_execution_environment_names_files_the_tarball_carries(galaxy_members):
     assert "ansible-core" not in wanted and "ansible" not in wanted  # the EE's base image brings ansible-core
 
 
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
 def test_requires_ansible_is_the_tested_range():
     runtime = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())
     spec = SpecifierSet(runtime["requires_ansible"])
-    (pin,) = [d.split("==")[1] for d in PYPROJECT["project"]["dependencies"] if d.startswith("ansible-core==")]
-    assert pin in spec and "2.19.0" in spec
+    (core,) = [Requirement(d) for d in PYPROJECT["project"]["dependencies"] if d.startswith("ansible-core")]
+    assert core.specifier == spec, "pyproject's ansible-core range is the collection's requires_ansible"
+    assert _constraints()["ansible-core"] in spec and "2.19.0" in spec
     assert "2.18.9" not in spec and "2.20.0" not in spec
+
+
+def test_dependencies_are_ranges_and_ci_installs_an_exact_version_of_each():
+    """pyproject.toml says what rgt works with (ranges: it lives in other people's environments); constraints.txt
+    says what CI tests, exactly, and every version there is inside its range."""
+    pins = _constraints()
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for raw in [*PYPROJECT["project"]["dependencies"], *(d for group in extras.values() for d in group)]:
+        req = Requirement(raw)
+        assert req.specifier and not any(s.operator == "==" for s in req.specifier), f"{raw}: a range, not a pin"
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} has no exact version in constraints.txt"
+        assert pins[name] in req.specifier, f"constraints.txt pins {req.name}=={pins[name]} outside {raw}"
 
 
 def test_galaxy_yml_has_no_placeholder_links():
