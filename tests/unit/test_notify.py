@@ -1,5 +1,7 @@
-"""Notification rules against a real local HTTP receiver: one message per transition, nothing twice after a restart
-(the ledger remembers), capped retries that never block, unreachable_for_s, and the URL never shown."""
+"""Notification rules against a real local HTTP receiver: one message per transition of each run (a host's other
+runs and a sweep's cells too), nothing twice after a restart (the ledger remembers, an old-shape ledger too), capped
+retries, one deadline per try however the receiver answers, a flush that always ends, unreachable_for_s, no control
+sequence from the box in a message, and the URL never shown."""
 
 import http.server
 import json
