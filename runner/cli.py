@@ -559,6 +559,7 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
         if not isinstance(extravars["rgt_job"], dict):
             raise InputError("rgt_job must be a mapping", fix="pass -e @job.yml with `rgt_job:` at the top",
                              field="rgt_job")
+        extravars["rgt_job"] = jobspec.with_notify_on(extravars["rgt_job"])  # an unquoted `on:` (YAML true)
         # relative local paths follow the file they were written in (`-e @job.yml`), else the current directory
         base = jobspec.origin_dir(origins.get("rgt_job"))
         validate_job(extravars["rgt_job"], f"rgt_job ({origins.get('rgt_job', 'extra vars')})", base)

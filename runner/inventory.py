@@ -334,8 +334,9 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
                 raise InputError(f"host '{name}': {key} is set in {source}: a teardown confirmation comes only "
                                  "from the person at the command", fix=f"remove {key} from {source}; pass --confirm "
                                  "<instance-id> to `rgt-run teardown`, or type the id at its prompt", field=key)
-        # extra vars win over inventory, as in Ansible; template strings are not evaluated here
-        hv = {**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}}
+        # extra vars win over inventory, as in Ansible; template strings are not evaluated here; a notify rule's
+        # unquoted `on:` (YAML's true, "true" in ansible-inventory's JSON) is `on`
+        hv = jobspec.host_vars_notify_on({**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}})
         rgt_vars = {k: v for k, v in hv.items() if k.startswith("rgt_")}
         errors = sorted(validator.iter_errors(rgt_vars),
                         key=lambda e: (e.validator != "required", list(e.absolute_path)))

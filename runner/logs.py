@@ -24,6 +24,7 @@ from rich.console import Console
 
 from rgt import errors, k8s_run, paths, sshround
 from rgt.errors import InputError
+from rgt.safetext import printable
 
 HELP = "print a run's log from its box (the newest attempt); -f follows it live"
 DESCRIPTION = """\
@@ -31,7 +32,8 @@ Print the log of the run on each box (or on the boxes of -l): by default the new
 where it started; --all shows every attempt, --tail N only the last N lines. Attempt boundaries are marked. With
 -f it keeps printing what the job writes until the run ends (Ctrl-C stops following; the job keeps running). If
 the connection drops while following, it says so, reconnects and carries on where it stopped, without repeating
-a line. With several boxes each line starts with the box's name. On a Kubernetes host it is `kubectl logs` of
+a line. With several boxes each line starts with the box's name. Terminal control sequences the job wrote
+(colours, cursor moves, window titles) are left out. On a Kubernetes host it is `kubectl logs` of
 the run's Job (the newest pod; --all is not served there).
 Exit codes: 3 a host key does not match its pin, else 1 a log could not be read, else 4 a box is unreachable,
 else 0."""
@@ -79,7 +81,7 @@ class Printer:
             lines.pop()
         with self.lock:
             for raw in lines:
-                line = raw.decode("utf-8", "replace")
+                line = printable(raw.decode("utf-8", "replace"))  # the box's bytes: no terminal controls
                 if line.startswith("== rgt attempt "):
                     line = boundary(line)
                 self.out.write(f"{source.prefix}{line}\n")
@@ -104,7 +106,7 @@ def _note(console: Console, source: Source, header: dict, all_attempts: bool, ta
     marks = header.get("attempts") or []
     if not header.get("exists"):
         return
-    where = f"{source.host}: {source.params['run_id']} ({header.get('path')})"
+    where = f"{source.host}: {source.params['run_id']} ({printable(header.get('path'))})"
     if all_attempts:
         what = f"every attempt ({len(marks)})" if marks else "the whole log"
     else:
@@ -194,8 +196,8 @@ def follow(source: Source, console: Console, printer: Printer, args: argparse.Na
             return
         reason = sshround.first_line(stderr) or (f"exit {rc}" if rc >= 0 else f"killed by signal {-rc}")
         at = f"byte {source.offset}" if source.offset is not None else "the start"
-        console.print(f"{source.host}: link lost ({reason}); reconnecting in {delay:.0f} s, resuming at {at}",
-                      highlight=False, markup=False)
+        console.print(f"{source.host}: link lost ({printable(reason)}); reconnecting in {delay:.0f} s, resuming at "
+                      f"{at}", highlight=False, markup=False)
         lost = reason
         time.sleep(delay)
         delay = min(delay * 2, BACKOFF_CAP_S)
@@ -303,7 +305,8 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
             return errors.OK
     for host, result in sorted(results.items()):
         if result.get("state") != "ok":
-            console.print(f"{host}: {result.get('state')}: {result.get('error')}", highlight=False, markup=False)
+            console.print(f"{host}: {printable(result.get('state'))}: {printable(result.get('error'))}",
+                          highlight=False, markup=False)
     code = exit_code(results)
     if args.json:
         sys.stdout.write(json.dumps({"command": "logs", "hosts": results, "exit_code": code}, sort_keys=True) + "\n")

@@ -13,8 +13,10 @@ import re
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from rgt import errors
+from rgt.safetext import printable
 
 HELP = "seal each finished run, pull its results here and verify every file's SHA-256"
 DESCRIPTION = """\
@@ -62,9 +64,9 @@ def host_line(name: str, doc: dict) -> str:
         mb = (doc.get("bytes") or 0) / 1e6
         repaired = doc.get("repaired") or []
         fixed = f" (re-sent {len(repaired)} file(s) changed locally: {_named(repaired)})" if repaired else ""
-        return (f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> {doc.get('dest')}"
-                f"{fixed}")
-    return f"{name}: NOT verified: {what_failed(doc)}"
+        return printable(f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> "
+                         f"{doc.get('dest')}{fixed}")
+    return f"{name}: NOT verified: {printable(what_failed(doc))}"  # the box's messages and file names
 
 
 def host_doc(name: str, outcome) -> dict:
@@ -139,7 +141,7 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
         for host in on_cluster:
             docs[host.name] = host_doc(host.name, results[-1].hosts.get(host.name))
             console.print(f"[{'green' if docs[host.name]['verified'] else 'red'}]"
-                          f"{host_line(host.name, docs[host.name])}[/]")
+                          f"{escape(host_line(host.name, docs[host.name]))}[/]")
     for index, members in enumerate(rounds(boxes)):  # a sweep host pulls one cell per round: collect is per run
         for host in members:
             if host.sweep:
@@ -158,7 +160,7 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
                 docs.setdefault(host.name, {"host": host.name, "sweep": host.sweep, "cells": {}})["cells"][cell] = doc
             else:
                 docs[host.name] = doc
-            console.print(f"[{'green' if doc['verified'] else 'red'}]{host_line(label, doc)}[/]")
+            console.print(f"[{'green' if doc['verified'] else 'red'}]{escape(host_line(label, doc))}[/]")
     for name, entry in docs.items():
         if by_name[name].sweep:
             cells = entry["cells"].values()

@@ -12,6 +12,7 @@ from rgt import errors, paths
 from rgt.inventory import Host
 from rgt.ledger import atomic_write_json
 from rgt.phases import PhaseResult
+from rgt.safetext import printable
 
 _findings_rule = paths.module_util("rgt_findings")  # the one shape and order of every phase's findings
 SEVERITY_STYLE = {"critical": "red", "warning": "yellow", "info": "cyan"}
@@ -74,7 +75,7 @@ def _phase_line(phase: str, rep: dict) -> str:
             line += f"; shipped with CRLF line ends ({rep.get('crlf') or 'allow'}): " + _named(crlf)
         return line
     if rep.get("msg"):
-        return f"{phase}: {rep['msg']}"
+        return f"{phase}: {escape(printable(rep['msg']))}"  # the box's message
     return f"{phase}: {rep.get('status') or rep.get('state') or ''}".rstrip(": ")
 
 
@@ -82,8 +83,8 @@ def _print_findings(console: Console, findings: list[dict]) -> None:
     """Every finding of every phase (rgt_findings shape): severity, message, and its fix when it has one."""
     for f in findings:
         sev = f.get("severity", "info")
-        fix = f" [dim]fix: {escape(f['fix'])}[/dim]" if f.get("fix") else ""
-        console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {escape(str(f.get('message')))}{fix}")
+        fix = f" [dim]fix: {escape(printable(f['fix']))}[/dim]" if f.get("fix") else ""
+        console.print(f"  [{SEVERITY_STYLE.get(sev, 'white')}]{sev:<8}[/] {escape(printable(f.get('message')))}{fix}")
 
 
 def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: Path,
@@ -111,7 +112,7 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
                           "accepted. If the instance was re-created, verify the new fingerprint in the console, "
                           f"then `rgt-run pin -i <inv> --limit {host.name} --replace {host.instance_id}`.")
         for msg in (out.messages if out else [])[:3]:
-            console.print(f"  {msg.splitlines()[0] if msg else ''}")
+            console.print(f"  {escape(printable(msg.splitlines()[0] if msg else ''))}")
         probe = out.results.get("probe_report") if out else None
         if probe:
             findings = _findings_rule.worst_first(probe.get("findings", []))

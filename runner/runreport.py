@@ -29,6 +29,7 @@ from rich.markup import escape
 
 from rgt import errors
 from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json, runs_dir
+from rgt.safetext import printable
 
 HELP = "write a report per run: loss over steps, GPU use, attempts, cost, compute lost to preemptions (HTML + PNG)"
 DESCRIPTION = """\
@@ -189,19 +190,25 @@ def losses_and_cost(facts) -> str:
     return line
 
 
-def why_failed(host: str, doc: dict) -> str:
+def failure_bits(doc: dict) -> list[str]:
+    """Why a run failed or died, from its document: its exit code (else the error), the last error line of its
+    log (box text, made printable: rgt.safetext)."""
     exit_doc = (doc.get("evidence") or {}).get("exit") or {}
     bits = []
     if exit_doc.get("rc") is not None:
-        bits.append(f"exit {exit_doc['rc']}")
+        bits.append(f"exit {printable(exit_doc['rc'])}")
     elif doc.get("error"):
-        bits.append(str(doc["error"])[:80])
+        bits.append(printable(str(doc["error"])[:80]))
     log_error = (doc.get("history") or {}).get("log_error") or {}
     if log_error.get("traceback"):
-        bits.append(f"Traceback in log: {log_error.get('line')}")
+        bits.append(f"Traceback in log: {printable(log_error.get('line'))}")
     elif log_error.get("line"):
-        bits.append(f"log: {log_error['line']}")
-    return f"{host}: {', '.join(bits) or doc.get('state')}"
+        bits.append(f"log: {printable(log_error['line'])}")
+    return bits
+
+
+def why_failed(host: str, doc: dict) -> str:
+    return f"{host}: {', '.join(failure_bits(doc)) or printable(doc.get('state'))}"
 
 
 # ---------------------------------------------------------------- plots (matplotlib, Agg)
@@ -801,9 +808,9 @@ def sweep_reports(ledger: Path, root: Path, hosts: list, fresh: dict, before: di
 def print_reports(console: Console, reports: list[dict], skipped: dict[str, str]) -> None:
     for rep in reports:
         console.print(f"report: {rep['html']}", highlight=False, markup=False)
-        console.print(f"  {rep['glance']}", highlight=False, markup=False)
+        console.print(f"  {printable(rep['glance'])}", highlight=False, markup=False)
     for host, why in sorted(skipped.items()):
-        console.print(f"  [yellow]no report[/yellow] for {escape(host)}: {escape(why)}", highlight=False)
+        console.print(f"  [yellow]no report[/yellow] for {escape(host)}: {escape(printable(why))}", highlight=False)
 
 
 def after_pull(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path,

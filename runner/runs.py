@@ -13,10 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rgt import errors, memory
 from rgt.ledger import ledger_dir, read_json, runs_dir
+from rgt.safetext import printable
 
 HELP = "list the runs this project launched (from the local ledger; touches no box)"
 
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         table.add_column(col, overflow="fold")
     for item in items:
         cost = item["cost_so_far"]
-        table.add_row(item["host"], item["run_id"], str(item["state"] or "-"), str(item["attempts"] or "-"),
+        table.add_row(item["host"], item["run_id"], escape(printable(item["state"] or "-")),  # as the box said
+                      escape(printable(item["attempts"] or "-")),
                       str(item["started"] or "-"), _hms(item["wall_s"]),
                       f"{cost:.2f}" if isinstance(cost, (int, float)) else "-", item["pull"])
     console.print(table)

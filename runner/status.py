@@ -30,6 +30,7 @@ from rich.table import Table
 
 from rgt import errors
 from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
+from rgt.safetext import printable
 
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90
@@ -231,23 +232,26 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
         table.add_column(col, overflow="fold")
     for name, host_doc_ in sorted(docs.items()):
         for doc in (host_doc_, *(host_doc_.get("other_runs") or [])):
-            f = summary_fields(doc)
+            f = {k: escape(printable(v)) for k, v in summary_fields(doc).items()}  # box text: no controls, no markup
             style = STATE_STYLE.get(doc.get("state"), "white")
-            row = [name, *([escape(str(doc.get("run_id") or "-"))] if several else []),
-                   f"[{style}]{doc.get('state', '?')}[/]", f["attempt"], f["step"], f["loss"], f["util"], f["disk"],
-                   f["inode"], f["hb"]]
+            row = [name, *([escape(printable(doc.get("run_id") or "-"))] if several else []),
+                   f"[{style}]{escape(printable(doc.get('state', '?')))}[/]", f["attempt"], f["step"], f["loss"],
+                   f["util"], f["disk"], f["inode"], f["hb"]]
             if priced:
                 row.append(f["cost"])
             table.add_row(*row)
     console.print(table)
     for doc in sorted(every_run(docs), key=lambda d: (d["host"], str(d.get("run_id")))):
         name = doc["host"] if not docs[doc["host"]].get("other_runs") else f"{doc['host']}:{doc.get('run_id')}"
+        name = escape(printable(name))
         for item in doc.get("attention") or []:
-            console.print(f"  [red]attention[/red] {name}: {item.get('id')}: {item.get('message')}")
+            console.print(f"  [red]attention[/red] {name}: {escape(printable(item.get('id')))}: "
+                          f"{escape(printable(item.get('message')))}")
         if doc.get("error"):
-            console.print(f"  [magenta]{name}[/magenta]: {state_text(doc, now)}: {doc['error']}")
+            console.print(f"  [magenta]{name}[/magenta]: {escape(printable(state_text(doc, now)))}: "
+                          f"{escape(printable(doc['error']))}")
         for warning in doc.get("warnings") or []:
-            console.print(f"  [yellow]warning[/yellow] {name}: {warning}")
+            console.print(f"  [yellow]warning[/yellow] {name}: {escape(printable(warning))}")
 
 
 def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
@@ -260,7 +264,7 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
         parts.append(f"attention={attention}")
     if note:
         parts.append(note)
-    return " ".join(parts)
+    return printable(" ".join(parts))  # box text (state, loss, attention ids): no controls, one line
 
 
 def emit(doc: dict, as_json: bool) -> None:
@@ -444,9 +448,9 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             key = resume_key(name, doc, bool(getattr(by_name[name], "sweep", None)))
             resumable = key is not None and key not in relaunched
             note = f"next try in {delay:.0f} s" if doc.get("state") == "unreachable" else ""
-            console.print(tick_line(name, doc, now, note), highlight=False)
+            console.print(tick_line(name, doc, now, note), highlight=False, markup=False)
             for other in doc.get("other_runs") or []:
-                console.print(tick_line(f"{name}:{other.get('run_id')}", other, now), highlight=False)
+                console.print(tick_line(f"{name}:{other.get('run_id')}", other, now), highlight=False, markup=False)
             if resumable:
                 to_resume.append(name)
                 keys[name] = key
@@ -474,9 +478,10 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     for item in latest.values():
         if item.get("attention") or item.get("state") in ("failed", "dead", "error"):
             for att in item.get("attention") or []:
-                console.print(f"  [red]attention[/red] {item['host']}: {att.get('id')}: {att.get('message')}")
+                console.print(f"  [red]attention[/red] {item['host']}: {escape(printable(att.get('id')))}: "
+                              f"{escape(printable(att.get('message')))}")
             if item.get("error"):
-                console.print(f"  [magenta]{item['host']}[/magenta]: {item['error']}")
+                console.print(f"  [magenta]{item['host']}[/magenta]: {escape(printable(item['error']))}")
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
     tallies = sweep_tallies(console, ledger, hosts, latest) if latest else []
     code = exit_code(latest, tallies) if latest else code
@@ -530,11 +535,8 @@ def _watch_notify(notifier, docs: dict[str, dict], summary: str) -> None:
     host seen so far; then the deliveries due (bounded in time, never raising)."""
     if notifier is None:
         return
-    from rgt import runreport
-
     try:
-        facts = {h: runreport.run_facts(d) for h, d in docs.items() if d.get("state") != "unreachable"}
-        notifier.observe(docs, facts, summary)
+        notifier.observe(docs, summary)  # every run of each document (a sweep's cells too), each on its own
         notifier.deliver()
     except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
         notifier.console.print(f"notify: skipped this tick ({type(exc).__name__}: {exc})",

@@ -16,6 +16,7 @@ from pathlib import Path
 from rgt import paths
 from rgt.errors import InputError
 from rgt.ledger import atomic_write_json, read_json
+from rgt.safetext import printable
 
 ROSTER_SCHEMA = "rgt/roster/v1"
 
@@ -247,7 +248,8 @@ def tally_line(t: dict, why=None) -> str:
     for state in TALLY_STATES[1:] + ("unreachable",):
         n = t["counts"].get(state)
         if n:
-            named = [why(c) if why and state == "failed" else c["id"] for c in t["cells"] if c["state"] == state]
+            named = [printable(why(c)) if why and state == "failed" else c["id"] for c in t["cells"]
+                     if c["state"] == state]  # why: box text (an exit code, a log line), made printable
             parts.append(f"{n} {state}" + (f" ({', '.join(named[:3])}{' ...' if len(named) > 3 else ''})"
                                             if state in ("failed", "missing", "duplicate") else ""))
     return f"sweep {t['sweep']}: " + ", ".join(parts)

@@ -26,6 +26,7 @@ from rich.markup import escape
 
 from rgt import errors, paths
 from rgt.ledger import ledger_dir, read_json, runs_dir
+from rgt.safetext import printable
 
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
 
@@ -194,17 +195,18 @@ def render_plan(console: Console, item: dict) -> None:
         roots = ", ".join(str(r) for r in gate["roots"]) or "?"
         console.print(f"  runs on the box (under {escape(roots)}): {len(gate['runs'])}")
         for row in gate["runs"]:
-            name = escape(f"{row['project']}/{row['run_id']}")
+            name = escape(printable(f"{row['project']}/{row['run_id']}"))
             attempt = f"attempt {row['attempt']}" if row.get("attempt") else ""
             mark = "  [red]blocks[/red]" if row["blocks"] else ""
-            console.print(f"    {name:<28} {row['state']:<10} {attempt:<10} {escape(_pull_text(row))}{mark}")
+            console.print(f"    {name:<28} {escape(printable(row['state'])):<10} {attempt:<10} "
+                          f"{escape(printable(_pull_text(row)))}{mark}")
         for row in gate["runs"]:
             if row.get("note"):
-                console.print(f"    [dim]note:[/dim] {escape(row['note'])}")
+                console.print(f"    [dim]note:[/dim] {escape(printable(row['note']))}")
         for other in gate["others"]:
-            console.print(f"    [dim]note:[/dim] {escape(other['note'])}")
+            console.print(f"    [dim]note:[/dim] {escape(printable(other['note']))}")
         for note in gate["notes"]:
-            console.print(f"    {escape(note)}")
+            console.print(f"    {escape(printable(note))}")
     if status == "ready":
         console.print("  gate: [green]passed[/green] (every finished or sealed run is pulled and verified; none is "
                       "live)")
@@ -213,7 +215,7 @@ def render_plan(console: Console, item: dict) -> None:
                 "failed": "[red]FAILED[/red]"}.get(status, status)
         console.print(f"  gate: {word}, nothing was called:")
         for reason in item["reasons"]:
-            console.print(f"    - {escape(reason)}")
+            console.print(f"    - {escape(printable(reason))}")
 
 
 def confirmations(console: Console, items: list[dict], given: list[str], interactive: bool) -> tuple[dict, dict]:
@@ -373,12 +375,12 @@ def _print_outcome(console: Console, item: dict, outcome: dict) -> None:
     console.print(f"[bold]{escape(item['instance_id'])}[/bold] ({item['profile']}; "
                   f"{escape(', '.join(item['hosts']))}): {state}")
     for msg in outcome["messages"][:3]:
-        console.print(f"  {escape(msg.splitlines()[0] if msg else '')}")
+        console.print(f"  {escape(printable(msg.splitlines()[0] if msg else ''))}")
     if status != "done":
         return
     report = outcome["report"]
     for warning in report.get("warnings") or []:
-        console.print(f"  [yellow]warning:[/yellow] {escape(str(warning))}")
+        console.print(f"  [yellow]warning:[/yellow] {escape(printable(warning))}")
     if str(outcome.get("final_state") or "").startswith("manual"):
         console.print("  do this in the console (rgt called nothing):")
         for i, step in enumerate(report.get("manual_steps") or item["manual_steps"], 1):

@@ -78,3 +78,23 @@ def test_init_writes_a_valid_inventory_and_job_for_every_profile():
         job = yaml.safe_load(job_text(profile))["rgt_job"]
         validate_job(job, f"init job.yml ({name})")
         assert Path(job["code_dir"]) == Path(".")
+
+
+def test_an_unquoted_on_in_a_notify_rule_is_read_as_on():
+    """YAML 1.1 reads `on:` as the boolean true (True in a -e file, "true" after ansible-inventory's JSON)."""
+    import pytest
+
+    from rgt.errors import InputError
+
+    job = yaml.safe_load("name: x\nnotify:\n  - webhook_env: HOOK\n    on: [finished]\n  - command: 'true'\n")
+    assert True in job["notify"][0]
+    fixed = jobspec.with_notify_on(job)
+    assert fixed["notify"] == [{"webhook_env": "HOOK", "on": ["finished"]}, {"command": "true"}]
+    validate_job(fixed)
+    assert jobspec.host_vars_notify_on({"rgt_notify": [{"command": "x", "true": ["failed"]}]}) == {
+        "rgt_notify": [{"command": "x", "on": ["failed"]}]}
+    unchanged = {"name": "x", "notify": [{"command": "x", "on": ["failed"]}]}
+    assert jobspec.with_notify_on(unchanged) is unchanged
+    with pytest.raises(InputError) as twice:
+        jobspec.with_notify_on({"notify": [{"command": "x", "on": ["failed"], True: ["finished"]}]})
+    assert twice.value.field == "rgt_job.notify[0].on"
