@@ -61,13 +61,16 @@ def pytest_collection_modifyitems(config, items):
 # /tmp because ssh's ControlPath sockets must fit in 108 bytes.
 
 WORKING_STATE = ("RGT_LEDGER", "RGT_RUNS_DIR", "HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-                 "ANSIBLE_HOME")
+                 "ANSIBLE_HOME", "ANSIBLE_REMOTE_TEMP")
 
 
 def _home_env(root: Path) -> dict[str, str]:
     home = root / "home"
     return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_CONFIG_HOME": str(home / ".config"),
-            "XDG_DATA_HOME": str(home / ".local" / "share"), "ANSIBLE_HOME": str(home / ".ansible")}
+            "XDG_DATA_HOME": str(home / ".local" / "share"), "ANSIBLE_HOME": str(home / ".ansible"),
+            # Ansible expands the local connection's remote_tmp (~/.ansible/tmp) to the login user's home
+            # (~root), not $HOME: point it at this home too
+            "ANSIBLE_REMOTE_TEMP": str(home / ".ansible" / "tmp")}
 
 
 def _work_env(root: Path) -> dict[str, str]:
