@@ -1,8 +1,9 @@
 """`rgt-run pull`: seal each box's finished run, pull it and verify every byte (playbooks/collect.yml).
 
 Per host: "verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files
-named). `--verify-only` re-verifies the local copy without touching the box. Exit codes: 3 a host key does not
-match its pin, else 1 any closeout/transfer/verification failure, else 4 any unreachable host, else 0.
+named), then a `log <path>: <reason>` line for each log the seal capped or could not seal. `--verify-only`
+re-verifies the local copy without touching the box. Exit codes: 3 a host key does not match its pin, else 1 any
+closeout/transfer/verification failure, else 4 any unreachable host, else 0.
 """
 
 from __future__ import annotations
@@ -59,14 +60,22 @@ def what_failed(doc: dict) -> str:
     return "; ".join(kinds + others)
 
 
+def log_notes(doc: dict) -> list[str]:
+    """The closeout's word on each log it capped or could not seal (module_utils/rgt_seal.log_warnings)."""
+    from rgt import paths
+
+    return paths.module_util("rgt_seal").log_warnings(doc.get("logs"))
+
+
 def host_line(name: str, doc: dict) -> str:
+    notes = "".join(f"\n  log {printable(note)}" for note in log_notes(doc))
     if doc.get("verified"):
         mb = (doc.get("bytes") or 0) / 1e6
         repaired = doc.get("repaired") or []
         fixed = f" (re-sent {len(repaired)} file(s) changed locally: {_named(repaired)})" if repaired else ""
         return printable(f"{name}: verified: {doc.get('files')} files, {mb:.1f} MB, SHA-256 match -> "
-                         f"{doc.get('dest')}{fixed}")
-    return f"{name}: NOT verified: {printable(what_failed(doc))}"  # the box's messages and file names
+                         f"{doc.get('dest')}{fixed}") + notes
+    return f"{name}: NOT verified: {printable(what_failed(doc))}{notes}"  # the box's messages and file names
 
 
 def host_doc(name: str, outcome) -> dict:

@@ -428,7 +428,23 @@ def verification_html(f: dict) -> str:
             + (f'; <span class="bad">not loaded: {_e(", ".join(bad))}</span>' if bad else "") + "</p>")
 
 
-def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[str, str]) -> str:
+def logs_html(out: Path, host: str) -> str:
+    """Links to the pulled logs beside the page (<host>/logs/job.log and attempts.jsonl, as the seal puts them into
+    the export), with the seal's word on a capped one (the local manifest's `logs` record); "" when none is here."""
+    links = [name for name in ("job.log", "attempts.jsonl") if (out / host / "logs" / name).is_file()]
+    if not links:
+        return ""
+    manifest = read_json(out / f"{host}.manifest.json")
+    logs = manifest.get("logs") if isinstance(manifest, dict) else None
+    records = (logs.get("files") or []) if isinstance(logs, dict) else []
+    said = {r.get("path"): r.get("reason") for r in records if isinstance(r, dict) and r.get("reason")}
+    items = "".join(f'<li><a data-k="log" href="{_e(host)}/logs/{name}">{_e(host)}/logs/{name}</a>'
+                    + (f' <span class="note">({_e(said[f"logs/{name}"])})</span>' if f"logs/{name}" in said else "")
+                    + "</li>" for name in links)
+    return f"<h3>Logs</h3><ul>{items}</ul>"
+
+
+def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[str, str], logs: str = "") -> str:
     parts = [f'<section data-host="{_e(doc.get("host"))}"><h2>{_e(doc.get("host"))}</h2>']
     if doc.get("_source"):
         parts.append(f'<p class="note">{_e(doc["_source"])}</p>')
@@ -449,7 +465,7 @@ def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[s
     truncated = ((doc.get("history") or {}).get("loss") or {}).get("truncated")
     if truncated:
         parts.append('<p class="note">the loss curve covers the newest part of a long log (history_kb)</p>')
-    parts.append("<h3>Verification</h3>" + verification_html(facts) + "</section>")
+    parts.append("<h3>Verification</h3>" + verification_html(facts) + logs + "</section>")
     return "".join(parts)
 
 
@@ -640,7 +656,7 @@ def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: f
                 atomic_write_bytes(out / name, data)
                 images[key], names[key] = data, name
                 written.append(str(out / name))
-        sections.append(host_section(doc, facts, images, names))
+        sections.append(host_section(doc, facts, images, names, logs_html(out, host)))
         atomic_write_json(out / f"{host}.report.json", {"schema": "rgt/report-data/v1", "run_id": run_id,
                                                          "saved_at": now, "doc": doc, "facts": facts})
     line = glance({d.get("host"): d for d in docs}, facts_by_host, label=run_id)

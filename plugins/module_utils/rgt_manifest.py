@@ -100,8 +100,10 @@ def list_tree(root, refuse_symlinks=True):
     return files, links, others
 
 
-def build_manifest(root, run_id, host=None, instance_id=None, created_at=None):
-    """The manifest document of the capsule at root (one pass, 1 MiB chunks)."""
+def build_manifest(root, run_id, host=None, instance_id=None, created_at=None, logs=None):
+    """The manifest document of the capsule at root (one pass, 1 MiB chunks). `logs` (the seal's record of the
+    run's logs: {max_bytes, files: [{path, source, source_bytes, bytes, sealed, capped, omitted, reason}]}) is kept
+    as the manifest's `logs` when given; the files it seals are in `files` like every other file."""
     problem = check_name(run_id, "run id")
     if problem:
         raise ManifestError(problem)
@@ -125,8 +127,11 @@ def build_manifest(root, run_id, host=None, instance_id=None, created_at=None):
         size = os.lstat(full).st_size
         entries.append({"path": rel, "bytes": size, "sha256": sha256_file(full)})
         total += size
-    return {"schema": SCHEMA, "run_id": run_id, "host": host, "instance_id": instance_id,
-            "created_at": created_at, "files": entries, "totals": {"files": len(entries), "bytes": total}}
+    doc = {"schema": SCHEMA, "run_id": run_id, "host": host, "instance_id": instance_id,
+           "created_at": created_at, "files": entries, "totals": {"files": len(entries), "bytes": total}}
+    if logs is not None:
+        doc["logs"] = logs
+    return doc
 
 
 def dumps(doc):
@@ -185,6 +190,21 @@ def validate_manifest(doc, run_id=None):
     totals = doc.get("totals")
     if not isinstance(totals, dict) or totals.get("files") != len(files) or totals.get("bytes") != total:
         problems.append("totals %r do not match the files (%d files, %d bytes)" % (totals, len(files), total))
+    problems += _log_problems(doc.get("logs", {"files": []}), seen)
+    return problems
+
+
+def _log_problems(logs, listed):
+    """Problems of a manifest's optional `logs` record: every log it says is sealed must be a listed file."""
+    if not isinstance(logs, dict) or not isinstance(logs.get("files"), list):
+        return ["logs must be an object with a list of files"]
+    problems = []
+    for i, rec in enumerate(logs["files"]):
+        if not isinstance(rec, dict):
+            problems.append("logs.files[%d] is not an object" % i)
+        elif rec.get("sealed") and rec.get("path") not in listed:
+            problems.append("logs.files[%d] says %r is sealed, but the manifest does not list it"
+                            % (i, rec.get("path")))
     return problems
 
 

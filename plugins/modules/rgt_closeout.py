@@ -14,15 +14,22 @@ module: rgt_closeout
 short_description: Seal a finished run as export/<run_id> with an external manifest, in one round trip
 description:
   - Builds the candidate C(<project>/export/.partial/<run_id>/) from the run (C(out/<outputs>) or all of C(out/),
-    C(ckpt/<declared>) only, and a generated C(run.json)), validates it (every declared output exists, no
-    symlink or special file on any exported path, declared checkpoints load when a loader is importable), then
-    renames it to C(export/<run_id>/) in one atomic rename and writes C(export/<run_id>.manifest.json) (outside
-    the capsule) atomically.
+    C(ckpt/<declared>) only, the run's logs under C(logs/), and a generated C(run.json)), validates it (every
+    declared output exists, no symlink or special file on any exported path, declared checkpoints load when a
+    loader is importable), then renames it to C(export/<run_id>/) in one atomic rename and writes
+    C(export/<run_id>.manifest.json) (outside the capsule) atomically.
   - An output or checkpoint entry is a file, a directory (collected recursively, regular files only; a trailing
     C(/) requires a directory) or a glob (C(*), C(?), C([...]) matched per path component, e.g.
     C(checkpoint-*/model.safetensors)); a glob needs at least one match. Every component from the run directory
     down (C(out/) and C(ckpt/) included) is opened without following a symlink and files are copied from the
     opened descriptor (module_utils/rgt_outputs); a symlink anywhere refuses the candidate, named.
+  - The logs (C(logs/job.log) with every attempt, C(.rgt/attempts.jsonl) as C(logs/attempts.jsonl), the other
+    files at the top of the run's C(logs/) such as Slurm's C(slurm-<id>.out), and a Slurm array task's output from
+    its sweep's C(logs/)) are copied after the outputs, each whole up to O(log_max_mb); a larger one keeps its
+    first and last halves (cut at line ends) around a line naming the bytes left out, and the cap is lowered to
+    what the disk has room for while leaving a floor free (64 MiB, or 5% of a smaller disk). A log that cannot
+    be copied (a symlink, no room at all) is not sealed. Either way the seal goes on, a warning says so, and the
+    C(logs) record in C(run.json), the manifest and the result names every log, its size and what was left out.
   - A failed candidate is moved to C(quarantine/<run_id>--<attempt>/) (a suffix is added when that exists) with
     C(REASON.txt), and the module fails with the reason.
   - A sealed export is never overwritten; a second closeout is a no-op (C(changed=false), "already sealed").
@@ -60,6 +67,9 @@ options:
   loader_python:
     type: str
     description: "Interpreter for the checkpoint load checks (the job's); default this one."
+  log_max_mb:
+    type: int
+    description: "Cap of one log file in the capsule, in MiB (at least 1); default 256 (module_utils/rgt_seal)."
 author: rgt developers
 """
 
@@ -87,7 +97,13 @@ checkpoints:
   description: "[{path, loader, ok, detail}] for every declared checkpoint file."
 not_pulled:
   type: list
-  description: "[{path, reason}] what the run holds that the capsule does not."
+  description: "[{path, reason}] what the run holds that the capsule does not (a capped log's left-out bytes too)."
+logs:
+  type: dict
+  description:
+    - "{max_bytes, files: [{path, source, source_bytes, bytes, sealed, capped, omitted, reason}]}: every log the seal
+      looked at (C(path) in the capsule, or null when not sealed; C(omitted) the [start, end) bytes a capped log
+      left out); null for an export sealed before logs were part of it."
 quarantine:
   type: str
   description: "Where a failed candidate was moved (failure only)."
@@ -99,7 +115,7 @@ reason:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import RUN_LAYOUT_ARGS
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_seal import SealError, seal
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_seal import SealError, log_warnings, seal
 
 
 def main():
@@ -115,6 +131,7 @@ def main():
             attempt=dict(type="int"),
             force_unfinished=dict(type="bool", default=False),
             loader_python=dict(type="str"),
+            log_max_mb=dict(type="int"),
         ),
         supports_check_mode=True,
     )
@@ -122,6 +139,8 @@ def main():
         result = seal(module.params, check_mode=module.check_mode)
     except SealError as exc:
         module.fail_json(msg=exc.msg, **exc.result)
+    for text in log_warnings(result.get("logs")):
+        module.warn(text)
     module.exit_json(**result)
 
 

@@ -168,6 +168,7 @@ report:
     rsync_changed: {type: list, elements: str, description: Entries rsync changed.}
     rsync_failed: {type: list, elements: str, description: Entries whose rsync (or repair) failed.}
     repaired: {type: list, elements: str, description: Local files re-sent because they differed.}
+    logs: {type: dict, description: "The closeout's record of the run's logs (module rgt_closeout), or null."}
     error: {type: str, description: The host's failure message, or null.}
 failure:
   type: str
@@ -443,6 +444,7 @@ def build_report(p, check_mode=False):
         "rsync_changed": [x.get("item") for x in rsync if x.get("changed")],
         "rsync_failed": [x.get("item") for x in failed],
         "repaired": promoted.get("repair", []),
+        "logs": closeout.get("logs"),
         "error": None if verified and not failed else verify.get("msg"),
     }
     if r.get("failed"):  # a step before the verification failed: its message is the host's

@@ -90,10 +90,14 @@ def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run
     make_run(stub, run_id)
     first = pull()
     assert first.returncode == 0, first.out
-    assert "verified: 4 files" in first.out and "SHA-256 match" in first.out
+    assert "verified: 6 files" in first.out and "SHA-256 match" in first.out
     export = f"/workspace/{PROJECT}/export/{run_id}"
     listing = stub.exec(f"cd {export} && find . -type f | sort").stdout.split()
-    assert listing == ["./ckpt/step_00000010.ckpt", "./out/metrics.json", "./out/weights.bin", "./run.json"]
+    assert listing == ["./ckpt/step_00000010.ckpt", "./logs/attempts.jsonl", "./logs/job.log", "./out/metrics.json",
+                       "./out/weights.bin", "./run.json"]
+    run_dir = f"/workspace/{PROJECT}/active/{run_id}"
+    for rel, on_box in (("logs/job.log", "logs/job.log"), ("logs/attempts.jsonl", ".rgt/attempts.jsonl")):
+        assert (pull.dest / rel).read_text() == stub.exec(f"cat {run_dir}/{on_box}").stdout
     assert stub.exec(f"test -f {export}.manifest.json && test ! -e {export}/{run_id}.manifest.json",
                      check=False).returncode == 0
     box_manifest = stub.exec(f"cat {export}.manifest.json").stdout
@@ -106,7 +110,7 @@ def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run
     assert marker["manifest_sha256"] == hashlib.sha256(box_manifest.encode()).hexdigest()
     assert marker["checkpoints"] == [{"path": "ckpt/step_00000010.ckpt", "loader": None, "ok": None}]
     prov = (pull.base / "rp.PROVENANCE.md").read_text()
-    assert "ckpt/step_00000020.ckpt" in prov and "logs/" in prov
+    assert "ckpt/step_00000020.ckpt" in prov and "`logs/`" not in prov, "the logs are pulled, not left on the box"
     assert not list(pull.dest.rglob(".*")), "no rsync leftovers inside the capsule copy"
     box_before = remote_sha(stub, export)
     marker_bytes = pull.marker.read_bytes()
@@ -125,16 +129,18 @@ def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run
     data[123456] ^= 0xFF
     weights.write_bytes(bytes(data))
     os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime kept: rsync's quick check passes
+    log = pull.dest / "logs" / "job.log"
+    log.write_text(log.read_text().replace("loss=0.5", "loss=0.4"))
     tampered = pull("--verify-only")
     assert tampered.returncode == 1, tampered.out
-    assert "SHA-256 differs: out/weights.bin" in tampered.host["error"]
-    assert "content differs from the box's (SHA-256): out/weights.bin" in tampered.out
-    assert tampered.host["sha_mismatch"] == ["out/weights.bin"] and not pull.marker.exists()
+    assert "SHA-256 differs: logs/job.log, out/weights.bin" in tampered.host["error"]
+    assert "content differs from the box's (SHA-256): logs/job.log, out/weights.bin" in tampered.out
+    assert tampered.host["sha_mismatch"] == ["logs/job.log", "out/weights.bin"] and not pull.marker.exists()
 
-    repaired = pull()  # re-sends exactly the corrupted file over the pinned SSH options, then verifies
+    repaired = pull()  # re-sends exactly the corrupted files over the pinned SSH options, then verifies
     assert repaired.returncode == 0, repaired.out
-    assert repaired.host["repaired"] == ["out/weights.bin"] and sha(weights) == good
-    assert "re-sent 1 file(s) changed locally: out/weights.bin" in repaired.out and pull.marker.exists()
+    assert repaired.host["repaired"] == ["logs/job.log", "out/weights.bin"] and sha(weights) == good
+    assert "re-sent 2 file(s) changed locally: logs/job.log, out/weights.bin" in repaired.out and pull.marker.exists()
 
     weights.unlink()
     missing = pull("--verify-only")
@@ -144,7 +150,8 @@ def test_pull_verifies_rerun_is_a_noop_and_tampering_is_named(stub_fleet, rp_run
     extra = pull()  # the pull restores weights.bin, never deletes the stale file
     assert extra.returncode == 1, extra.out
     assert "unexpected here (never deleted; move it away): out/stale.txt" in extra.out and not pull.marker.exists()
-    assert sha(weights) == json.loads(local_manifest)["files"][2]["sha256"]
+    assert sha(weights) == next(e["sha256"] for e in json.loads(local_manifest)["files"]
+                                if e["path"] == "out/weights.bin")
     (pull.dest / "out" / "stale.txt").unlink()
     healed = pull()
     assert healed.returncode == 0 and pull.marker.exists(), healed.out

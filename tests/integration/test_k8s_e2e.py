@@ -8,8 +8,9 @@ the code onto the claim; the wrapper runs tiny_train and its log comes through `
 mid-run (a preemption: SIGTERM, the grace, the Job failed with DisruptionTarget); `watch` relaunches the run
 (auto_resume), which resumes from the newest checkpoint on the claim and ends with weights byte-identical to an
 uninterrupted local run; the teardown gate refuses until `pull` has sealed the run on the claim (a seal pod),
-copied it through a helper pod (`kubectl exec tar`) and verified it here; then the teardown deletes the Job and
-keeps the claim. What this cannot say about a real cluster: docs/kubernetes.md "What was tested"."""
+its log of both attempts included, copied it through a helper pod (`kubectl exec tar`) and verified it here; then
+the teardown deletes the Job and keeps the claim. What this cannot say about a real cluster: docs/kubernetes.md
+"What was tested"."""
 
 from __future__ import annotations
 
@@ -112,6 +113,14 @@ def test_a_kubernetes_run_is_preempted_resumed_pulled_verified_and_torn_down(rgt
         weights = (runs / "kube.1" / "cluster" / "out" / "weights.bin").read_bytes()
         assert hashlib.sha256(weights).hexdigest() == reference_weights(tmp_path), "resumed to the same weights"
         assert (claim_dir / "proj" / "export" / "kube.1.manifest.json").is_file()  # sealed on the claim
+        # the log is part of the result: both attempts' lines and the attempt records, in the manifest
+        logs = runs / "kube.1" / "cluster" / "logs"
+        log = (logs / "job.log").read_text()
+        assert log == (run_dir / "logs" / "job.log").read_text()
+        assert "== rgt attempt 1 started" in log and "== rgt attempt 2 started" in log
+        assert (logs / "attempts.jsonl").read_bytes() == (run_dir / ".rgt" / "attempts.jsonl").read_bytes()
+        listed = [e["path"] for e in json.loads((runs / "kube.1" / "cluster.manifest.json").read_text())["files"]]
+        assert {"logs/job.log", "logs/attempts.jsonl"} <= set(listed), listed
         wait_for(lambda: not [n for n in fake.names("pods") if "seal" in n or "collect" in n], 60,
                  "the seal and collect pods deleted")
 

@@ -1,5 +1,6 @@
 """`rgt-run pull` end to end on this machine (connection local, a temp durable root): what is sealed is exactly what
-the run wrote, a re-pull repairs local corruption, and no PULL_VERIFIED marker outlives a failure.
+the run wrote, its logs included (every attempt's lines, a log over its cap capped and said so), a re-pull repairs
+local corruption, and no PULL_VERIFIED marker outlives a failure.
 
 The box side (rgt_closeout), the transfer (rsync, local) and the controller side (rgt_pull_verify) are the real
 role; only SSH is absent (tests/integration/test_collect_stubs.py covers it on a stub host)."""
@@ -18,6 +19,16 @@ from tests.fakes.capsule import make_pull
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "pull-run"
+# job.log as the wrapper leaves it for a run preempted in attempt 1 and resumed as attempt 2
+JOB_LOG = (b"== rgt attempt 1 started 2026-01-01T00:00:00Z resume_from=none\nstep=10 loss=1.5\npreempted: checkpoint\n"
+           b"== rgt attempt 1 ended 2026-01-01T00:04:00Z reason=preempted rc=143\n"
+           b"== rgt attempt 2 started 2026-01-01T00:05:00Z resume_from=ckpt/step_00000010.ckpt\n"
+           b"resumed from step 10\nstep=20 loss=0.5\n"
+           b"== rgt attempt 2 ended 2026-01-01T00:10:00Z reason=finished rc=0\n")
+ATTEMPTS = [{"attempt": 1, "started_at": "2026-01-01T00:00:00Z"},
+            {"attempt": 1, "ended_at": "2026-01-01T00:04:00Z", "rc": 143, "reason": "preempted"},
+            {"attempt": 2, "started_at": "2026-01-01T00:05:00Z"},
+            {"attempt": 2, "ended_at": "2026-01-01T00:10:00Z", "rc": 0, "reason": "finished"}]
 
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
                                 reason="needs .venv with ansible-core")
@@ -44,11 +55,10 @@ class Box:
         self.instance_id = instance_id
         for sub in (".rgt", "out", "ckpt", "logs"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.run_dir / ".rgt" / "attempts.jsonl").write_text(
-            json.dumps({"attempt": 1, "started_at": "2026-01-01T00:00:00Z"}) + "\n"
-            + json.dumps({"attempt": 1, "ended_at": "2026-01-01T00:10:00Z", "rc": 0, "reason": "finished"}) + "\n")
-        (self.run_dir / ".rgt" / "exit.json").write_text(json.dumps({"attempt": 1, "rc": 0, "signal": None,
+        (self.run_dir / ".rgt" / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in ATTEMPTS))
+        (self.run_dir / ".rgt" / "exit.json").write_text(json.dumps({"attempt": 2, "rc": 0, "signal": None,
                                                                       "reason": "finished"}))
+        (self.run_dir / "logs" / "job.log").write_bytes(JOB_LOG)
 
     def write(self, rel: str, data: bytes) -> Path:
         path = self.run_dir / rel
@@ -92,7 +102,7 @@ def test_a_symlinked_directory_in_an_output_path_is_never_sealed(tmp_path, rgt):
     assert f"out/sub is a symlink -> {outside}" in res.host["error"], res.out
     assert "out/sub is a symlink" in res.stderr  # the human line names the link
     assert not (box.export / RUN_ID).exists() and not (box.export / f"{RUN_ID}.manifest.json").exists()
-    reason = (box.quarantine / f"{RUN_ID}--1" / "REASON.txt").read_text()
+    reason = (box.quarantine / f"{RUN_ID}--2" / "REASON.txt").read_text()
     assert f"required output out/sub/secret.txt refused: out/sub is a symlink -> {outside}" in reason
     assert not list(box.quarantine.rglob("secret.txt")), "the outside file is never copied"
     assert not box.marker.exists() and not box.dest.exists()
@@ -110,6 +120,9 @@ def test_hf_output_dir_and_globs_are_sealed_whole_and_a_local_corruption_is_repa
         written[rel] = box.write(rel, b"{}\n")
     box.write("out/notes.txt", b"not declared\n")
     box.write("ckpt/rolling.pt", b"resume state\n")
+    # the wrapper's own output under nohup, 3 MB of it: over a 1 MiB cap
+    chatter = b"".join(b"rgt wrapper: tick %07d\n" % i for i in range(130_000))
+    box.write("logs/wrapper.log", chatter)
     box.job["outputs"] = ["hf/", "eval_*.json", "hf/checkpoint-*/model.safetensors"]
 
     status = rgt("status", "-i", box.inventory(), "--json", timeout=300)
@@ -117,15 +130,34 @@ def test_hf_output_dir_and_globs_are_sealed_whole_and_a_local_corruption_is_repa
     assert host["state"] == "finished" and host["outputs_missing"] == [], status.stdout + status.stderr
     assert status.rc == 0, status.stdout + status.stderr
 
-    first = box.pull()
+    first = box.pull("-e", json.dumps({"collect_log_max_mb": 1}))
     assert first.rc == 0, first.out
     manifest = box.sealed()
-    assert [f["path"] for f in manifest["files"]] == sorted([*written, "run.json"])
+    logs = ["logs/attempts.jsonl", "logs/job.log", "logs/wrapper.log"]
+    assert [f["path"] for f in manifest["files"]] == sorted([*written, *logs, "run.json"])
     for rel, src in written.items():
         assert sha(box.dest / rel) == sha(src) == next(f["sha256"] for f in manifest["files"] if f["path"] == rel)
-    assert f"verified: {len(written) + 1} files" in first.stderr
+    assert f"verified: {len(written) + 4} files" in first.stderr
+    # the logs beside the outputs: both attempts' lines and the attempt records, as the box has them
+    assert (box.dest / "logs" / "job.log").read_bytes() == JOB_LOG
+    assert (box.dest / "logs" / "attempts.jsonl").read_bytes() == (box.run_dir / ".rgt" / "attempts.jsonl").read_bytes()
+    # the log over its cap: its first and last lines around the line that says what is left out, and said so
+    (capped,) = [r for r in manifest["logs"]["files"] if r["path"] == "logs/wrapper.log"]
+    kept = (box.dest / "logs" / "wrapper.log").read_bytes()
+    start, end = capped["omitted"]
+    assert capped["capped"] and kept.startswith(chatter[:start]) and kept.endswith(chatter[end:])
+    assert f"the whole log stays on the box at {box.run_dir / 'logs' / 'wrapper.log'} until teardown" in kept.decode()
+    assert f"log {box.run_dir / 'logs' / 'wrapper.log'}: capped: bytes {start} to {end}" in first.stderr
+    assert "it is capped at 1.0 MiB (collect_log_max_mb)" in first.stderr
+    assert first.host["logs"] == manifest["logs"]
     provenance = (box.runs / RUN_ID / "box.PROVENANCE.md").read_text()
     assert "`out/notes.txt`: not a declared output" in provenance and "`ckpt/rolling.pt`" in provenance
+    assert f"`logs/wrapper.log`: capped: bytes {start} to {end}" in provenance
+    # the report beside the pull links the pulled logs (relative to the page, so the links work where it is opened)
+    page = Path(first.host["report"]).read_text()
+    assert first.host["report"] == str(box.runs / RUN_ID / "report.html"), first.out
+    for rel in ("box/logs/job.log", "box/logs/attempts.jsonl"):
+        assert f'href="{rel}"' in page and (box.runs / RUN_ID / rel).is_file()
 
     # the local copy is damaged with its size and mtime kept: rsync's quick check alone would skip it forever
     victim = box.dest / "out" / "hf" / "checkpoint-1000" / "model.safetensors"
@@ -137,13 +169,23 @@ def test_hf_output_dir_and_globs_are_sealed_whole_and_a_local_corruption_is_repa
     assert victim.stat().st_size == before.st_size and victim.stat().st_mtime_ns == before.st_mtime_ns
     untouched = box.dest / "out" / "hf" / "checkpoint-500" / "model.safetensors"
     untouched_ino = untouched.stat().st_ino
+    # and a byte of the pulled log: the log is verified like every other file
+    log = box.dest / "logs" / "job.log"
+    log.write_bytes(JOB_LOG.replace(b"loss=0.5", b"loss=0.4"))
+
+    checked = box.pull("--verify-only")
+    assert checked.rc == 1 and not box.marker.exists(), checked.out
+    assert checked.host["sha_mismatch"] == ["logs/job.log", "out/hf/checkpoint-1000/model.safetensors"]
+    assert "whose content differs from the box's (SHA-256): logs/job.log" in checked.stderr
 
     second = box.pull()
     assert second.rc == 0, second.out
     assert sha(victim) == sha(written["out/hf/checkpoint-1000/model.safetensors"])
-    assert second.host["repaired"] == ["out/hf/checkpoint-1000/model.safetensors"]
-    assert "re-sent 1 file(s) changed locally: out/hf/checkpoint-1000/model.safetensors" in second.stderr
-    assert untouched.stat().st_ino == untouched_ino, "only the changed file is re-sent"
+    assert log.read_bytes() == JOB_LOG
+    assert second.host["repaired"] == ["logs/job.log", "out/hf/checkpoint-1000/model.safetensors"]
+    assert "re-sent 2 file(s) changed locally: logs/job.log, out/hf/checkpoint-1000/model.safetensors" in \
+        second.stderr
+    assert untouched.stat().st_ino == untouched_ino, "only the changed files are re-sent"
     assert box.marker.exists()
 
 
@@ -156,7 +198,7 @@ def test_a_glob_with_no_match_is_not_finished_and_is_named(tmp_path, rgt):
     assert res.rc == 1, res.out
     assert "required output out/hf/checkpoint-*/model.safetensors matches nothing" in res.stderr, res.out
     assert not (box.export / RUN_ID).exists() and not box.marker.exists()
-    assert "matches nothing" in (box.quarantine / f"{RUN_ID}--1" / "REASON.txt").read_text()
+    assert "matches nothing" in (box.quarantine / f"{RUN_ID}--2" / "REASON.txt").read_text()
 
 
 def sealed_pull(box: Box, instance_id: str = "inst-1") -> bytes:

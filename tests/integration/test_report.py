@@ -188,7 +188,17 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert facts["attempts_cost"] == pytest.approx(PRICE * wall / 3600, abs=1e-4)
     assert facts["cost"] > facts["attempts_cost"] and facts["idle_after_end_s"] > 0, "the box bills after the end"
     marker = read_json(lab["runs"] / RUN_ID / "rp.PULL_VERIFIED.json")
-    assert facts["verified"]["files"] == marker["files"] == 3 and facts["verified"]["bytes"] == marker["bytes"]
+    # the log is part of the result: pulled beside the outputs, both attempts' lines, in the manifest
+    pulled = lab["runs"] / RUN_ID / "rp"
+    logs = sorted(p.name for p in (pulled / "logs").iterdir())
+    assert {"job.log", "attempts.jsonl"} <= set(logs), logs
+    pulled_log = (pulled / "logs" / "job.log").read_text()
+    assert pulled_log == log and max(steps_of(pulled_log, 1)) == last1 and steps_of(pulled_log, 2)[-1] == 300
+    assert [json.loads(ln) for ln in (pulled / "logs" / "attempts.jsonl").read_text().splitlines()] == records
+    listed = [e["path"] for e in read_json(lab["runs"] / RUN_ID / "rp.manifest.json")["files"]]
+    assert [p for p in listed if p.startswith("logs/")] == [f"logs/{n}" for n in logs]
+    assert facts["verified"]["files"] == marker["files"] == 3 + len(logs)
+    assert facts["verified"]["bytes"] == marker["bytes"]
 
     # a real browser: the page renders, every image loads, the numbers shown are the ledger's
     if CHROMIUM is None:
@@ -213,6 +223,7 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert float(shown("cost")[0]) == pytest.approx(facts["cost"], abs=1e-4)
     assert float(shown("attempts_cost")[0]) == pytest.approx(PRICE * wall / 3600, abs=1e-4)
     assert 'data-plot="loss"' in dom and 'data-plot="attempts"' in dom
+    assert 'href="rp/logs/job.log"' in dom and 'href="rp/logs/attempts.jsonl"' in dom  # relative to the page
 
     # a report that cannot be written never fails a verified pull: a warning, the pull's own exit code
     blocker = lab["runs"] / RUN_ID / "report-rp-loss.png"

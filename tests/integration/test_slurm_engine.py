@@ -193,6 +193,14 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_finishes_byte_identical(
     assert doc["hosts"]["requeue"]["verified"] is True, doc
     assert (runs / "requeue" / "requeue" / "out" / "weights.bin").read_bytes() == reference
     assert json.loads((runs / "requeue" / "requeue.PULL_VERIFIED.json").read_text())["run_id"] == "requeue"
+    # the logs came with it: job.log with both attempts' lines, and Slurm's own output of the batch job
+    pulled = runs / "requeue" / "requeue" / "logs"
+    log = (pulled / "job.log").read_text()
+    assert log == (run / "logs" / "job.log").read_text() and "resumed from" in log
+    assert "== rgt attempt 1 started" in log and "== rgt attempt 2 started" in log
+    assert (pulled / f"slurm-{job_id}.out").read_bytes() == (run / "logs" / f"slurm-{job_id}.out").read_bytes()
+    listed = [e["path"] for e in json.loads((runs / "requeue" / "requeue.manifest.json").read_text())["files"]]
+    assert {"logs/job.log", "logs/attempts.jsonl", f"logs/slurm-{job_id}.out"} <= set(listed)
 
 
 def test_a_job_that_reaches_its_time_limit_is_timeout_with_the_advice_to_checkpoint(login):
@@ -230,6 +238,10 @@ def test_a_sweep_runs_as_one_job_array_throttled_and_every_cell_is_pulled_verifi
     assert rc == 0, err[-3000:]
     pulled = doc["hosts"]["sweep"]["cells"]
     assert sorted(pulled) == sorted(cells) and all(c["verified"] for c in pulled.values()), pulled
+    for name, cell in cells.items():  # each cell's log, and its array task's Slurm output from the sweep's logs/
+        logs = runs / name / "sweep" / "logs"
+        assert (logs / "job.log").read_bytes() == (login.run_dir(name) / "logs" / "job.log").read_bytes()
+        assert (logs / f"slurm-{cell['slurm_job_id']}.out").is_file(), sorted(p.name for p in logs.iterdir())
 
 
 def test_teardown_cancels_the_job_a_run_left_in_the_queue(login):

@@ -136,6 +136,9 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
     assert set(cells) == set(placed) and all(doc["verified"] for doc in cells.values())
     for cell, host in placed.items():
         assert (tmp_path / "runs" / cell / f"{host}.PULL_VERIFIED.json").is_file(), cell
+        assert "== rgt attempt 1 started" in (tmp_path / "runs" / cell / host / "logs" / "job.log").read_text(), cell
+    resumed_log = (tmp_path / "runs" / victim / "rp" / "logs" / "job.log").read_text()
+    assert "== rgt attempt 2 started" in resumed_log, "the preempted cell's pulled log holds both attempts"
     for host in ("adl", "rp"):  # one record per box from its roster: every cell verified, each manifest's SHA-256
         record = json.loads((tmp_path / "runs" / "swp" / f"{host}.SWEEP_VERIFIED.json").read_text())
         assert sorted(record["cells"]) == sorted(roster["hosts"][host])

@@ -24,7 +24,14 @@ def test_a_verified_pull_has_no_error_and_names_what_rsync_sent():
     assert report["error"] is None and report["verified"] is True and report["sealed"] is True
     assert report["files"] == 3 and report["capsule"] == "/cap"
     assert report["rsync_entries"] == ["out", "ckpt"] and report["rsync_changed"] == ["out"]
-    assert report["rsync_failed"] == []
+    assert report["rsync_failed"] == [] and report["logs"] is None  # a closeout without a logs record
+
+
+def test_the_closeouts_logs_record_is_in_the_report():
+    logs = {"max_bytes": 1 << 20, "files": [{"path": "logs/job.log", "source": "/r/logs/job.log", "sealed": True,
+                                             "capped": True, "reason": "capped: bytes 10 to 20 ..."}]}
+    report, failure = build_report(params(closeout={"sealed": True, "logs": logs}, verify=VERIFIED))
+    assert failure is None and report["logs"] == logs
 
 
 def test_a_failed_rsync_names_entry_rc_and_stderr_and_says_rerun():

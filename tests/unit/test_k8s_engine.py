@@ -480,6 +480,9 @@ def test_apply_takes_the_manifests_as_runner_k8s_shows_them(tmp_path):
 
 # ---------------------------------------------------------------- seal and pull
 
+JOB_LOG = ("== rgt attempt 1 started 2026-01-01T00:00:00Z resume_from=none\nstep=5\n"
+           "== rgt attempt 1 ended 2026-01-01T00:01:00Z reason=preempted rc=143\n"
+           "== rgt attempt 2 started 2026-01-01T00:02:00Z resume_from=ckpt/step-10\nstep=10\n")
 SEAL_PARAMS = {"project": "proj", "run_id": "run.1", "host": "cluster", "instance_id": "gke-ml", "job_name": "run.1",
                "outputs": [], "declared_checkpoints": ["step-10/"], "force_unfinished": False, "loader_python": None}
 
@@ -536,6 +539,8 @@ def claim_with_run(cluster, tmp_path):
     (run / "out" / "metrics.json").write_text('{"loss": 0.5}\n')
     (run / "ckpt" / "step-10" / "model.bin").write_bytes(os.urandom(200_000))
     (run / "ckpt" / "rolling" / "latest.bin").write_bytes(b"resume state")
+    (run / "logs").mkdir()
+    (run / "logs" / "job.log").write_text(JOB_LOG)
     fake.pvc_dir(CLAIM, backing)
     return fake, kc, run
 
@@ -550,14 +555,16 @@ def test_seal_runs_the_delivered_script_in_a_pod_on_the_claim_and_deletes_pod_an
     seal_kubelet(fake, tmp_path, log_prefix="a line the image printed first\n")
     got = k8s_engine.seal(kc, CLAIM, DIGEST, "/usr/bin/python3", "/checkpoints", SEAL_PARAMS, poll_s=0.1)
     export = run.parents[1] / "export"
-    assert got["sealed"] and got["changed"] and got["files"] == 3 and got["seal_pod"].startswith("rgt-seal-")
+    assert got["sealed"] and got["changed"] and got["files"] == 5 and got["seal_pod"].startswith("rgt-seal-")
     assert (export / "run.1" / "ckpt" / "step-10" / "model.bin").is_file()
+    assert (export / "run.1" / "logs" / "job.log").read_text() == JOB_LOG
+    assert [r["path"] for r in got["logs"]["files"]] == ["logs/job.log", "logs/attempts.jsonl"]
     assert (export / "run.1.manifest.json").is_file()
     assert {"path": "ckpt/rolling", "reason": "not a declared checkpoint (rolling/resume state)"} in got["not_pulled"]
     [config_map], [pod] = seal_objects(fake, "configmaps"), seal_objects(fake, "pods")
     assert config_map["metadata"]["name"] == pod["metadata"]["name"] == got["seal_pod"]
     assert set(config_map["data"]) == {"rgt_k8s_seal.py", "rgt_seal.py", "rgt_manifest.py", "rgt_outputs.py",
-                                       "rgt_runlayout.py", "params.json"}
+                                       "rgt_runlayout.py", "rgt_slurm.py", "params.json"}
     assert json.loads(config_map["data"]["params.json"]) == dict(SEAL_PARAMS, durable_root="/checkpoints")
     spec = pod["spec"]
     assert pod["metadata"]["labels"][k8s_engine.HELPER_LABEL] == "seal"
@@ -616,16 +623,20 @@ def test_pull_seals_copies_and_verifies_into_the_ssh_pulls_layout(claim_with_run
     base = runs / "run.1"
     dest, marker = base / "cluster", base / "cluster.PULL_VERIFIED.json"
     assert got["state"] == "verified" and got["verified"] and got["exit_code"] == OK and got["error"] is None
-    assert got["host"] == "cluster" and got["run_id"] == "run.1" and got["files"] == 3
+    assert got["host"] == "cluster" and got["run_id"] == "run.1" and got["files"] == 5
     assert got["dest"] == str(dest) and got["marker"] == str(marker) and got["sealed"]
     assert got["helper_pod"].startswith("rgt-collect-") and got["seal_pod"].startswith("rgt-seal-")
     export = run.parents[1] / "export"
     assert (base / "cluster.manifest.json").read_bytes() == (export / "run.1.manifest.json").read_bytes()
-    for rel in ("run.json", "out/metrics.json", "ckpt/step-10/model.bin"):
+    for rel in ("run.json", "out/metrics.json", "ckpt/step-10/model.bin", "logs/job.log", "logs/attempts.jsonl"):
         assert (dest / rel).read_bytes() == (export / "run.1" / rel).read_bytes()
+    assert (dest / "logs" / "job.log").read_text() == JOB_LOG  # both attempts' lines, as the claim has them
+    assert (dest / "logs" / "attempts.jsonl").read_bytes() == (run / ".rgt" / "attempts.jsonl").read_bytes()
+    listed = [e["path"] for e in json.loads((base / "cluster.manifest.json").read_text())["files"]]
+    assert {"logs/job.log", "logs/attempts.jsonl"} <= set(listed) and got["logs"]["files"][0]["sealed"]
     doc = json.loads(marker.read_text())
     assert doc["schema"] == "rgt/pull-verified/v1" and doc["host"] == "cluster" and doc["instance_id"] == "gke-ml"
-    assert doc["files"] == 3 and doc["checkpoints"][0]["path"] == "ckpt/step-10/model.bin"
+    assert doc["files"] == 5 and doc["checkpoints"][0]["path"] == "ckpt/step-10/model.bin"
     assert "ckpt/rolling" in (base / "cluster.PROVENANCE.md").read_text()
     assert sorted(p.name for p in base.iterdir()) == [".incoming", "cluster", "cluster.PROVENANCE.md",
                                                       "cluster.PULL_VERIFIED.json", "cluster.manifest.json"]
@@ -664,9 +675,10 @@ def test_verify_only_rechecks_the_local_copy_without_touching_the_cluster(claim_
     again = pull(kc, fake, runs, verify_only=True)
     assert again["state"] == "verified" and again["verify_only"] and again["exit_code"] == OK
     (runs / "run.1" / "cluster" / "out" / "metrics.json").write_text("changed here\n")
+    (runs / "run.1" / "cluster" / "logs" / "job.log").write_text(JOB_LOG.replace("step=10", "step=11"))
     bad = pull(kc, fake, runs, verify_only=True)
     assert bad["state"] == "not_verified" and bad["exit_code"] == FAILED
-    assert bad["size_mismatch"] == ["out/metrics.json"]
+    assert bad["size_mismatch"] == ["out/metrics.json"] and bad["sha_mismatch"] == ["logs/job.log"]
     assert not (runs / "run.1" / "cluster.PULL_VERIFIED.json").exists() and len(fake.calls()) == seen
 
 

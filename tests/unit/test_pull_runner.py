@@ -28,3 +28,17 @@ def test_a_failed_transfer_is_the_cause_and_a_module_message_loses_its_prefix():
     ok = {"verified": True, "files": 3, "bytes": 2_000_000, "dest": "/r/box", "repaired": ["out/a"]}
     assert host_line("box", ok) == ("box: verified: 3 files, 2.0 MB, SHA-256 match -> /r/box (re-sent 1 file(s) "
                                     "changed locally: out/a)")
+
+
+def test_a_capped_or_unsealed_log_is_said_under_the_hosts_line():
+    logs = {"max_bytes": 1 << 20, "files": [
+        {"path": "logs/job.log", "source": "/w/run/logs/job.log", "sealed": True, "capped": True,
+         "reason": "capped: bytes 10 to 20 (...) are not in the export: it is capped at 1.0 MiB (collect_log_max_mb)"},
+        {"path": "logs/attempts.jsonl", "source": "/w/run/.rgt/attempts.jsonl", "sealed": True, "reason": None},
+        {"path": None, "source": "/w/run/logs/tb", "sealed": False, "reason": "not sealed: it is a directory"}]}
+    ok = {"verified": True, "files": 3, "bytes": 2_000_000, "dest": "/r/box", "logs": logs}
+    assert host_line("box", ok).splitlines() == [
+        "box: verified: 3 files, 2.0 MB, SHA-256 match -> /r/box",
+        "  log /w/run/logs/job.log: capped: bytes 10 to 20 (...) are not in the export: it is capped at 1.0 MiB "
+        "(collect_log_max_mb)",
+        "  log /w/run/logs/tb: not sealed: it is a directory"]

@@ -124,3 +124,23 @@ def test_torch_file_without_torch_has_no_loader(tmp_path):
     res = mf.load_checkpoint(str(path))
     if res["loader"] is None:
         assert res["ok"] is None and "torch" in res["detail"]
+
+
+def test_the_logs_record_is_kept_and_a_sealed_log_it_names_must_be_listed(tmp_path):
+    root = capsule(tmp_path)
+    (root / "logs").mkdir()
+    (root / "logs" / "job.log").write_text("step=1 loss=2.0\n")
+    logs = {"max_bytes": 1 << 20, "files": [
+        {"path": "logs/job.log", "source": "/box/run/logs/job.log", "source_bytes": 16, "bytes": 16, "sealed": True,
+         "capped": False, "omitted": None, "reason": None},
+        {"path": None, "source": "/box/run/logs/tb", "source_bytes": None, "bytes": 0, "sealed": False,
+         "capped": False, "omitted": None, "reason": "not sealed: it is a directory"}]}
+    doc = mf.build_manifest(str(root), "r1", logs=logs)
+    assert doc["logs"] == logs and "logs/job.log" in [f["path"] for f in doc["files"]]
+    assert mf.validate_manifest(json.loads(mf.dumps(doc)), "r1") == []
+    assert "logs" not in mf.build_manifest(str(root), "r1"), "no record: an export sealed before logs were in it"
+    doc["logs"]["files"][0]["path"] = "logs/other.log"
+    assert mf.validate_manifest(doc, "r1") == [
+        "logs.files[0] says 'logs/other.log' is sealed, but the manifest does not list it"]
+    doc["logs"] = ["job.log"]
+    assert mf.validate_manifest(doc, "r1") == ["logs must be an object with a list of files"]

@@ -1,6 +1,8 @@
-"""The seal (plugins/module_utils/rgt_seal.py), the closeout's logic without Ansible, on a temp durable root; and
-its standalone entry (roles/collect/files/rgt_k8s_seal.py) run the way the seal pod runs it: a plain interpreter
-with only the ConfigMap's flat directory to import from (no Ansible, no collection)."""
+"""The seal (plugins/module_utils/rgt_seal.py), the closeout's logic without Ansible, on a temp durable root, with
+the run's logs (whole, capped, cut to a nearly full disk, a link, a Slurm array task's output, an export sealed
+before logs were part of it); and its standalone entry (roles/collect/files/rgt_k8s_seal.py) run the way the
+seal pod runs it: a plain interpreter with only the ConfigMap's flat directory to import from (no Ansible, no
+collection)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,10 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_seal
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles" / "collect" / "files" / "rgt_k8s_seal.py"
 RUN_ID = "run.1"
+LOG = ("== rgt attempt 1 started 2026-01-01T00:00:00Z resume_from=none\nstep=1 loss=2.0\n"
+       "preempted: checkpoint\n== rgt attempt 1 ended 2026-01-01T00:05:00Z reason=preempted rc=143\n"
+       "== rgt attempt 2 started 2026-01-01T00:06:00Z resume_from=ckpt/step-10\nresumed from step 10\n"
+       "step=20 loss=0.5\ndone\n== rgt attempt 2 ended 2026-01-01T00:10:00Z reason=finished rc=0\n")
 
 
 def make_run(root: Path, finished: bool = True) -> Path:
@@ -35,7 +42,7 @@ def make_run(root: Path, finished: bool = True) -> Path:
     (run / "out" / "metrics.json").write_text('{"loss": 0.5}\n')
     (run / "out" / "model.bin").write_bytes(os.urandom(4096))
     (run / "ckpt" / "step-10" / "weights.bin").write_bytes(b"w" * 100)
-    (run / "logs" / "job.log").write_text("done\n")
+    (run / "logs" / "job.log").write_text(LOG)
     return run
 
 
@@ -54,14 +61,27 @@ def test_seal_builds_the_capsule_and_its_manifest_and_names_what_it_leaves(tmp_p
     assert got["changed"] and got["sealed"] and got["msg"] == f"sealed {capsule}" and got["attempt"] == 1
     assert got["capsule"] == str(capsule) and got["manifest_path"] == f"{capsule}.manifest.json"
     doc, raw = mf.load_manifest(got["manifest_path"], RUN_ID)
-    assert sorted(e["path"] for e in doc["files"]) == ["ckpt/step-10/weights.bin", "out/metrics.json",
-                                                       "out/model.bin", "run.json"]
+    assert sorted(e["path"] for e in doc["files"]) == ["ckpt/step-10/weights.bin", "logs/attempts.jsonl",
+                                                       "logs/job.log", "out/metrics.json", "out/model.bin", "run.json"]
     assert doc["host"] == "cluster" and doc["instance_id"] == "gke-ml"
-    assert got["manifest_sha256"] == mf.sha256_bytes(raw) and got["files"] == 4
+    assert got["manifest_sha256"] == mf.sha256_bytes(raw) and got["files"] == 6
     run_doc = json.loads((capsule / "run.json").read_text())
     assert run_doc["code_hash8"] == "abcd1234" and run_doc["job_name"] == RUN_ID and run_doc["attempts"][0]["rc"] == 0
+    # the logs as the box has them, byte for byte: both attempts' lines, the raw attempt records
+    run = tmp_path / "proj" / "active" / RUN_ID
+    assert (capsule / "logs" / "job.log").read_text() == LOG
+    assert (capsule / "logs" / "attempts.jsonl").read_bytes() == (run / ".rgt" / "attempts.jsonl").read_bytes()
+    sealed = {e["path"]: e for e in doc["files"]}
+    assert sealed["logs/job.log"]["sha256"] == mf.sha256_bytes(LOG.encode())
+    records = {r["path"]: r for r in doc["logs"]["files"]}
+    assert doc["logs"] == run_doc["logs"] == got["logs"] and doc["logs"]["max_bytes"] == 256 << 20
+    assert records["logs/job.log"] == {"path": "logs/job.log", "source": str(run / "logs" / "job.log"),
+                                       "source_bytes": len(LOG), "bytes": len(LOG), "sealed": True, "capped": False,
+                                       "omitted": None, "reason": None}
+    assert rgt_seal.log_warnings(got["logs"]) == []
     left = {e["path"]: e["reason"] for e in got["not_pulled"]}
-    assert set(left) == {".rgt/", "code-abcd1234/", "logs/"}
+    assert set(left) == {".rgt/", "code-abcd1234/"}
+    assert "logs/attempts.jsonl" in left[".rgt/"]
     assert not (tmp_path / "proj" / "export" / ".partial" / RUN_ID).exists()
 
 
@@ -73,11 +93,13 @@ def test_a_second_seal_is_a_no_op_and_never_rewrites_the_manifest(tmp_path):
     assert not second["changed"] and second["sealed"] and second["msg"] == f"already sealed: {first['capsule']}"
     assert second["manifest_sha256"] == first["manifest_sha256"] and second["files"] == first["files"]
     assert Path(first["manifest_path"]).read_bytes() == before
+    assert second["logs"] == first["logs"] and second["not_pulled"] == first["not_pulled"]
     # a seal cut between the rename and the manifest: the next one writes the manifest, nothing else
     os.unlink(first["manifest_path"])
     third = rgt_seal.seal(params(tmp_path))
     assert third["changed"] and third["msg"] == "sealed earlier; manifest written now"
-    assert mf.load_manifest(first["manifest_path"], RUN_ID)[0]["totals"]["files"] == first["files"]
+    rewritten = mf.load_manifest(first["manifest_path"], RUN_ID)[0]
+    assert rewritten["totals"]["files"] == first["files"] and rewritten["logs"] == first["logs"]
 
 
 def test_a_symlink_in_the_outputs_quarantines_the_candidate_naming_it(tmp_path):
@@ -129,6 +151,153 @@ def test_check_mode_writes_nothing(tmp_path):
     assert got["changed"] and got["msg"].startswith("would seal ") and not (tmp_path / "proj" / "export").exists()
 
 
+# ---------------------------------------------------------------- the logs
+
+def lines(n: int, width: int = 100) -> bytes:
+    return b"".join(b"line %08d " % i + b"x" * (width - 15) + b"\n" for i in range(n))
+
+
+def test_a_log_over_its_cap_keeps_its_head_and_tail_and_says_what_it_left_out(tmp_path):
+    run = make_run(tmp_path)
+    log = lines(30_000)  # 3 MB, capped at 1 MiB
+    (run / "logs" / "job.log").write_bytes(log)
+    got = rgt_seal.seal(params(tmp_path, log_max_mb=1))
+    assert got["sealed"], got
+    kept = (Path(got["capsule"]) / "logs" / "job.log").read_bytes()
+    (rec,) = [r for r in got["logs"]["files"] if r["path"] == "logs/job.log"]
+    start, end = rec["omitted"]
+    assert rec["capped"] and rec["sealed"] and rec["source_bytes"] == len(log) and rec["bytes"] == len(kept)
+    assert kept.startswith(log[:start]) and kept.endswith(log[end:]), "the first and the last lines, whole"
+    assert log[start - 1:start] == b"\n" and log[end - 1:end] == b"\n", "cut at line ends"
+    assert (start + len(log) - end) <= 1 << 20 < len(kept) < (1 << 20) + 400
+    middle = kept[start:len(kept) - (len(log) - end)].decode()
+    assert middle == (f"== rgt: bytes {start} to {end} of this log ({end - start} of its {len(log)} bytes) are not in "
+                      f"the export: it is capped at 1.0 MiB (collect_log_max_mb); the whole log stays on the box at "
+                      f"{run / 'logs' / 'job.log'} until teardown ==\n")
+    assert rec["reason"] == (f"capped: bytes {start} to {end} ({(end - start) / 2**20:.1f} MiB of 2.9 MiB) are not "
+                             "in the export: it is capped at 1.0 MiB (collect_log_max_mb)")
+    doc = mf.load_manifest(got["manifest_path"], RUN_ID)[0]
+    assert doc["logs"]["max_bytes"] == 1 << 20 and rec in doc["logs"]["files"]
+    assert next(e for e in doc["files"] if e["path"] == "logs/job.log")["sha256"] == mf.sha256_bytes(kept)
+    assert {"path": "logs/job.log", "reason": rec["reason"]} in got["not_pulled"]
+    assert rgt_seal.log_warnings(got["logs"]) == [f"{run / 'logs' / 'job.log'}: {rec['reason']}"]
+    assert (run / "logs" / "job.log").read_bytes() == log, "the box's log is never touched"
+    with pytest.raises(rgt_seal.SealError, match=r"log_max_mb \(collect_log_max_mb\) is 0: give a whole number"):
+        rgt_seal.seal(params(tmp_path, run_id="other", log_max_mb=0))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (unmounted afterwards); skipped where mounting is not allowed."""
+    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_log_on_a_nearly_full_disk_is_cut_to_the_room_left_and_never_fills_it(small_disk):
+    run = make_run(small_disk)
+    log = lines(100_000)  # 10 MB of a 16 MiB disk: a whole copy does not fit
+    (run / "logs" / "job.log").write_bytes(log)
+    floor = int(16 * 2**20 * 0.05)  # 5% of a disk smaller than 1.25 GiB (64 MiB on a larger one)
+    got = rgt_seal.seal(params(small_disk))
+    assert got["sealed"] and got["files"] == 5, got["logs"]
+    (rec,) = [r for r in got["logs"]["files"] if r["path"] == "logs/job.log"]
+    assert rec["capped"] and "the box's disk has room for only" in rec["reason"] and "819.2 KiB is left free" in \
+        rec["reason"], rec
+    kept = (Path(got["capsule"]) / "logs" / "job.log").read_bytes()
+    assert kept.startswith(log[:rec["omitted"][0]]) and kept.endswith(log[rec["omitted"][1]:])
+    assert free_bytes(small_disk) >= floor - 64 * 1024, "the floor is left free (less the manifest's few KiB)"
+
+    # a disk with less room than is worth a copy: the log is not sealed, said so, and the seal goes on
+    shutil.rmtree(run.parents[1] / "export" / RUN_ID)  # as if not sealed yet
+    os.unlink(run.parents[1] / "export" / f"{RUN_ID}.manifest.json")
+    with open(small_disk / "filler", "wb") as handle:
+        handle.write(b"\0" * max(0, free_bytes(small_disk) - floor - 16 * 1024))
+    again = rgt_seal.seal(params(small_disk))
+    assert again["sealed"], again
+    (rec,) = [r for r in again["logs"]["files"] if r["source"].endswith("/logs/job.log")]
+    assert rec["path"] is None and not rec["sealed"] and rec["source_bytes"] == len(log)
+    assert rec["reason"].startswith("not sealed: it has 9.5 MiB and the box's disk has room for ")
+    assert rec["reason"].endswith("it stays on the box until teardown (`rgt-run logs --all` prints a run's job.log)")
+    assert not (Path(again["capsule"]) / "logs" / "job.log").exists()
+    doc = mf.load_manifest(again["manifest_path"], RUN_ID)[0]
+    assert "logs/job.log" not in [e["path"] for e in doc["files"]] and rec in doc["logs"]["files"]
+    assert {"path": "logs/job.log", "reason": rec["reason"]} in again["not_pulled"]
+
+
+def test_a_log_that_is_a_link_or_a_directory_is_named_never_followed_and_the_seal_goes_on(tmp_path):
+    run = make_run(tmp_path)
+    (tmp_path / "secret.txt").write_text("not the run's\n")
+    (run / "logs" / "job.log").unlink()
+    os.symlink(tmp_path / "secret.txt", run / "logs" / "job.log")
+    (run / "logs" / "tensorboard").mkdir()
+    (run / "logs" / "wrapper.log").write_text("rgt wrapper: started\n")
+    got = rgt_seal.seal(params(tmp_path))
+    capsule = Path(got["capsule"])
+    assert got["sealed"] and not (capsule / "logs" / "job.log").exists()
+    assert (capsule / "logs" / "wrapper.log").read_text() == "rgt wrapper: started\n"
+    left = {e["path"]: e["reason"] for e in got["not_pulled"]}
+    assert left["logs/job.log"] == f"not sealed: it is a symlink -> {tmp_path / 'secret.txt'} (nothing is followed)"
+    assert left["logs/tensorboard"] == "not sealed: it is a directory (the files at the top of logs/ are sealed)"
+    assert not list(capsule.rglob("secret.txt")) and "not the run's" not in json.dumps(got)
+
+
+def test_the_slurm_outputs_of_a_run_and_of_an_array_task_are_sealed_with_its_logs(tmp_path):
+    run = make_run(tmp_path)
+    (run / "logs" / "slurm-12.out").write_text("slurmstepd: *** JOB 12 CANCELLED DUE TO TIME LIMIT ***\n")
+    sweep = tmp_path / "proj" / "sweeps" / "grid"
+    (sweep / "logs").mkdir(parents=True)
+    (sweep / "logs" / "slurm-40_3.out").write_text("task 3 of array 40\n")
+    (sweep / "logs" / "slurm-40_2.out").write_text("another cell's task\n")
+    (run / ".rgt" / "slurm.json").write_text(json.dumps({
+        "job_id": "40_3", "array_job_id": "40", "array_task": 3, "comment": str(sweep),
+        "submits": [{"job_id": "40_3", "submitted_at": "2026-01-01T00:00:00Z"}]}))
+    got = rgt_seal.seal(params(tmp_path))
+    capsule = Path(got["capsule"])
+    assert (capsule / "logs" / "slurm-12.out").read_text().startswith("slurmstepd: *** JOB 12 CANCELLED")
+    assert (capsule / "logs" / "slurm-40_3.out").read_text() == "task 3 of array 40\n"
+    assert not (capsule / "logs" / "slurm-40_2.out").exists(), "only this cell's task"
+    listed = [e["path"] for e in mf.load_manifest(got["manifest_path"], RUN_ID)[0]["files"]]
+    assert {"logs/slurm-12.out", "logs/slurm-40_3.out", "logs/job.log"} <= set(listed)
+    sources = {r["path"]: r["source"] for r in got["logs"]["files"]}
+    assert sources["logs/slurm-40_3.out"] == str(sweep / "logs" / "slurm-40_3.out")
+
+
+def test_a_run_with_only_logs_has_nothing_to_export(tmp_path):
+    run = make_run(tmp_path)
+    for name in ("metrics.json", "model.bin"):
+        (run / "out" / name).unlink()
+    with pytest.raises(rgt_seal.SealError) as err:
+        rgt_seal.seal(params(tmp_path))
+    assert "nothing to export" in err.value.reason
+    assert not (Path(err.value.quarantine) / "logs").exists(), "no log is copied for a candidate without results"
+
+
+def test_an_export_sealed_before_logs_were_part_of_it_is_left_as_it_is(tmp_path):
+    make_run(tmp_path)
+    capsule = tmp_path / "proj" / "export" / RUN_ID
+    (capsule / "out").mkdir(parents=True)
+    (capsule / "out" / "metrics.json").write_text('{"loss": 0.5}\n')
+    (capsule / "run.json").write_text(json.dumps({"schema": "rgt/run/v1", "run_id": RUN_ID}) + "\n")
+    raw = mf.dumps(mf.build_manifest(str(capsule), RUN_ID, host="cluster", instance_id="gke-ml"))
+    Path(f"{capsule}.manifest.json").write_bytes(raw)
+    got = rgt_seal.seal(params(tmp_path))
+    assert not got["changed"] and got["msg"] == f"already sealed: {capsule}" and got["logs"] is None
+    assert Path(f"{capsule}.manifest.json").read_bytes() == raw and not (capsule / "logs").exists()
+    left = {e["path"]: e["reason"] for e in got["not_pulled"]}
+    assert left["logs/"] == "logs stay on the box (this export was sealed before logs were part of it)"
+
+
 # ---------------------------------------------------------------- the flat entry, as the seal pod runs it
 
 def flat_dir(tmp_path: Path) -> Path:
@@ -162,7 +331,8 @@ def test_the_entry_script_seals_with_only_its_flat_directory_to_import_from(tmp_
     assert probe.returncode != 0, "the flat run must not see the collection"
     (tmp_path / "params.json").write_text(json.dumps(params(durable, outputs=["metrics.json"])))
     rc, doc, _err = run_flat(flat, str(tmp_path / "params.json"))
-    assert rc == 0 and doc["sealed"] and doc["msg"].startswith("sealed ") and doc["files"] == 2
+    assert rc == 0 and doc["sealed"] and doc["msg"].startswith("sealed ") and doc["files"] == 4
+    assert (Path(doc["capsule"]) / "logs" / "job.log").read_text() == LOG
     assert mf.load_manifest(doc["manifest_path"], RUN_ID)[0]["host"] == "cluster"
     assert not list(flat.rglob("__pycache__"))
     # the params from the environment; a second seal says so

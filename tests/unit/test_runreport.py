@@ -130,3 +130,22 @@ def test_the_page_embeds_every_plot_and_writes_the_pngs_beside_it(tmp_path):
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # no network needed
     assert 'data-k="preemptions">1<' in page and 'data-k="recomputed_steps">30<' in page
     assert rep["glance"].startswith("exp1: 1/1 finished; 1 preemption")
+
+
+def test_the_page_links_the_pulled_logs_with_the_seals_word_on_a_capped_one(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    out = tmp_path / "runs" / "exp1"
+    assert runreport.logs_html(out, "box") == "", "no pulled logs here: no block"
+    (out / "box" / "logs").mkdir(parents=True)
+    (out / "box" / "logs" / "job.log").write_text("== rgt attempt 1 started\n")
+    (out / "box" / "logs" / "attempts.jsonl").write_text("{}\n")
+    reason = "capped: bytes 10 to 20 (...) are not in the export: it is capped at 1.0 MiB (collect_log_max_mb)"
+    (out / "box.manifest.json").write_text(json.dumps({"logs": {"max_bytes": 1 << 20, "files": [
+        {"path": "logs/job.log", "reason": reason}, {"path": "logs/attempts.jsonl", "reason": None}]}}))
+    runreport.write_report(tmp_path / "runs", tmp_path / "ledger", "exp1", [preempted_doc()], now=T0 + 3600)
+    page = (out / "report.html").read_text()
+    assert '<a data-k="log" href="box/logs/job.log">box/logs/job.log</a>' in page
+    assert '<a data-k="log" href="box/logs/attempts.jsonl">box/logs/attempts.jsonl</a></li>' in page
+    assert "it is capped at 1.0 MiB (collect_log_max_mb)" in page

@@ -1,7 +1,8 @@
 """Verify the collect scenario: on the box the run is sealed as export/mol-col/ with export/mol-col.manifest.json
 beside it, export/.partial is empty and nothing was quarantined; on the controller <runs>/mol-col/<host>/ holds
-the capsule, and <host>.PULL_VERIFIED.json names the SHA-256 of the manifest now on the box. Runs under testinfra
-with molecule's inventory."""
+the capsule, the run's logs included (logs/job.log, logs/attempts.jsonl, byte for byte the box's), and
+<host>.PULL_VERIFIED.json names the SHA-256 of the manifest now on the box. Runs under testinfra with molecule's
+inventory."""
 
 import hashlib
 import json
@@ -13,7 +14,8 @@ import pytest
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 RUN_ID = "mol-col"
 PROJECT_DIRS = {"adl": "/root/autodl-tmp/mol", "rp": "/workspace/mol"}
-CAPSULE_FILES = ["ckpt/step_00000010.ckpt", "out/metrics.json", "out/weights.bin", "run.json"]
+CAPSULE_FILES = ["ckpt/step_00000010.ckpt", "logs/attempts.jsonl", "logs/job.log", "out/metrics.json",
+                 "out/weights.bin", "run.json"]
 
 
 def _name(host):
@@ -71,6 +73,16 @@ def test_local_copy_equals_the_manifest(host, box_manifest):
     for entry in json.loads(box_manifest)["files"]:
         data = (dest / entry["path"]).read_bytes()
         assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
+
+
+def test_the_logs_are_pulled_as_the_box_has_them(host, box_manifest):
+    dest = _local_base() / _name(host)
+    run_dir = PROJECT_DIRS[_name(host)] + f"/active/{RUN_ID}"
+    for rel, on_box in (("logs/job.log", "logs/job.log"), ("logs/attempts.jsonl", ".rgt/attempts.jsonl")):
+        assert (dest / rel).read_bytes() == host.file(f"{run_dir}/{on_box}").content
+    logs = json.loads(box_manifest)["logs"]
+    assert [(r["path"], r["sealed"], r["capped"]) for r in logs["files"]] == [
+        ("logs/job.log", True, False), ("logs/attempts.jsonl", True, False)]
 
 
 def test_provenance_names_what_stayed_on_the_box(host):
