@@ -205,24 +205,28 @@ def gpu_history(text, partial_first_line=False, max_points=MAX_GPU_POINTS, idle_
     series, idle, gaps = {}, [], []
     for index in sorted(raw):
         rows = sorted(raw[index])
-        gaps.extend(rows[i][0] - rows[i - 1][0] for i in range(1, len(rows)) if rows[i][0] > rows[i - 1][0])
-        idle.extend(_idle_stretches(index, rows, idle_pct))
+        mine = sorted(rows[i][0] - rows[i - 1][0] for i in range(1, len(rows)) if rows[i][0] > rows[i - 1][0])
+        gaps.extend(mine)
+        # the wrapper samples only while an attempt runs: a pause of 3 intervals or more (a preemption) ends a stretch
+        idle.extend(_idle_stretches(index, rows, idle_pct, 3 * mine[len(mine) // 2] if mine else None))
         series[str(index)] = _buckets(rows, max_points)
     interval = sorted(gaps)[len(gaps) // 2] if gaps else None
     return {"series": series, "idle": idle[:MAX_IDLE_STRETCHES], "interval_s": interval,
             "samples": sum(len(r) for r in raw.values()), "truncated": bool(partial_first_line)}
 
 
-def _idle_stretches(index, rows, idle_pct):
-    """Runs of at least two consecutive samples at or below idle_pct utilisation: {index, start, end, samples}."""
+def _idle_stretches(index, rows, idle_pct, max_gap=None):
+    """Runs of at least two consecutive samples at or below idle_pct utilisation, no two of them more than max_gap
+    seconds apart: {index, start, end, samples}."""
     out, run = [], []
     for row in rows + [None]:
-        if row is not None and row[1] is not None and row[1] <= idle_pct:
+        idle = row is not None and row[1] is not None and row[1] <= idle_pct
+        if idle and (not run or max_gap is None or row[0] - run[-1][0] < max_gap):
             run.append(row)
             continue
         if len(run) >= 2:
             out.append({"index": index, "start": run[0][0], "end": run[-1][0], "samples": len(run)})
-        run = []
+        run = [row] if idle else []
     return out
 
 

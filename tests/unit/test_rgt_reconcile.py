@@ -502,3 +502,44 @@ def test_under_slurm_the_running_attempts_time_is_the_wrappers_own_not_the_login
                              heartbeat={"ts": compute_start + 597, "attempt": 1, "job_alive": True}))
     assert doc["state"] == "running"
     assert doc["elapsed_s"] == pytest.approx(597) and doc["cost_so_far"] == pytest.approx(2.0 * 597 / 3600, abs=1e-4)
+
+
+def test_the_box_side_status_document_of_a_job_whose_log_the_rules_do_not_read_warns_once(tmp_path):
+    """rgt_statusdoc on a real run layout: job.json as the launch writes it (rgt_runlayout.job_document, no
+    log_patterns in the spec: the built-in rules), a live process as the wrapper, an attempt 6 minutes old and a
+    log in a format no rule reads."""
+    import os
+    import subprocess
+    import time
+
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_statusdoc
+
+    paths = rl.RunPaths(str(tmp_path), "rgt", "quiet")
+    for directory in (paths.meta, paths.logs, paths.ckpt, paths.out):
+        os.makedirs(directory)
+    spec = {"name": "quiet", "command": "python train.py", "price_per_hour": 2.0}
+    doc = rl.job_document(paths, spec, paths.code_dir("abcd1234"), None, "/usr/bin/python3", None, {}, None, 30)
+    assert doc["log_patterns"] == {} and doc["metrics"] is None, "job.json names the job's own patterns only"
+    rl.atomic_write_json(paths.job, doc)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        inc = rl.incarnation()
+        rl.atomic_write_json(paths.pid, {"wrapper_pid": sleeper.pid, "job_pid": sleeper.pid, "pgid": sleeper.pid,
+                                         "attempt": 1, "incarnation": inc})
+        rl.atomic_write_json(paths.heartbeat, {"ts": time.time(), "attempt": 1, "job_alive": True})
+        rl.append_jsonl(paths.attempts, {"attempt": 1, "started_at": time.time() - 360, "resume_from": "",
+                                         "incarnation": inc, "detach": "nohup"})
+        with open(paths.log, "w") as handle:
+            handle.write("== rgt attempt 1 started x resume_from=none\n" + "".join(
+                "epoch 1 batch %d: 0.5 (%.1f samples/s) lr=%g\n" % (i, 100.0 + i, 1e-3) for i in range(100)))
+        status = rgt_statusdoc.status_document({"durable_root": str(tmp_path), "project": "rgt", "run_id": "quiet"})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert status["state"] == "running" and status["attention"] == []
+    assert [w for w in status["warnings"] if "seen in logs/job.log" in w] == [
+        "no step/loss seen in logs/job.log after 6 min: set rgt_job.log_patterns (a regex with one group each for "
+        "the step and the loss your job prints; docs/job-spec.md)"]
+    assert status["cost_so_far"] == pytest.approx(2.0 * 360 / 3600, abs=2e-3)
+    assert status["history"]["metrics"] == {}, "a value without any step to put it at is no point"

@@ -108,6 +108,10 @@ def test_gpu_history_buckets_and_idle_stretches_per_gpu():
     assert len(gpu["series"]["0"]) <= rgt_history.MAX_GPU_POINTS and gpu["samples"] == 1000
     assert gpu["idle"] == [{"index": 0, "start": T0 + 100, "end": T0 + 109, "samples": 10}]
     assert gpu["interval_s"] == 1
+    # an idle GPU across a preemption: the wrapper took no samples from 60 s to 300 s, two stretches, not one
+    paused = "".join(f"{T0 + t},0,0,0,100,40\n" for t in (*range(0, 60, 10), *range(300, 360, 10)))
+    assert [(s["start"] - T0, s["end"] - T0, s["samples"]) for s in rgt_history.gpu_history(paused)["idle"]] == [
+        (0, 50, 6), (300, 350, 6)]
 
 
 def test_resume_step_is_the_last_number_of_the_checkpoint_name():
