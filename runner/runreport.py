@@ -394,6 +394,7 @@ def time_figure(doc: dict, facts: dict):
                          hatch="///", label="box billed after the job ended"
                          + (" (until teardown)" if facts["torn_down"] else " (until this report)"))
         labels.append("after the end")
+    labels = labels or ["no attempt recorded"]  # GPU samples without attempts.jsonl: the GPU plots still line up
     bars.set_yticks(range(len(labels)), labels)
     bars.set_ylim(len(labels) - 0.5, -0.5)
     spans = idle_spans(doc, facts)
@@ -428,8 +429,8 @@ def time_figure(doc: dict, facts: dict):
         mem_ax.set_ylabel("GPU memory MiB")
     for ax in axes:
         ax.grid(axis="x", alpha=0.3)
-    axes[-1].set_xlabel(f"minutes since attempt {rows[0]['attempt'] if rows else '?'} started ({_when(t0)} on the "
-                        "box's clock; every plot of this figure)")
+    since = f"attempt {rows[0]['attempt']} started" if rows else "the first GPU sample"
+    axes[-1].set_xlabel(f"minutes since {since} ({_when(t0)} on the box's clock; every plot of this figure)")
     axes[0].set_title(f"{doc.get('run_id')} on {doc.get('host')}: attempts and GPUs over time")
     _figure_legend(fig, axes)
     return fig
@@ -447,6 +448,9 @@ def plot_notes(doc: dict) -> list[str]:
     """What the page says under the plots about data they lack: no GPU samples, a declared metric with no value."""
     history = doc.get("history") or {}
     notes = []
+    if not ((history.get("loss") or {}).get("points")) and any((history.get("metrics") or {}).values()):
+        notes.append("no loss lines in the log (rgt_job.log_patterns sets the patterns): the steps figure shows the "
+                     "metrics only")
     if not ((history.get("gpu") or {}).get("series")):
         notes.append("no GPU samples: the wrapper found no nvidia-smi on the box")
     empty = [name for name, rows in (history.get("metrics") or {}).items() if not rows]

@@ -187,11 +187,12 @@ class LogReader(object):
         return line.startswith("== rgt attempt ") or (_holds(low, RESUME_WORDS) and RESUME_LINE.search(line)
                                                       is not None)
 
-    def step_of(self, line, commit=True, low=None):
+    def step_of(self, line, commit=True):
         """The step a line shows, or None. commit=False: look without taking the line's bar as the training bar."""
-        low = line.lower() if low is None else low
-        if self.quiet(line, low):
-            return None
+        low = line.lower()
+        return None if self.quiet(line, low) else self._step(line, low, commit)
+
+    def _step(self, line, low, commit):
         if self.step_re is not None:
             match = self.step_re.search(line)
             return _int(_captured(match)) if match else None
@@ -215,7 +216,7 @@ class LogReader(object):
         low = line.lower()
         if self.quiet(line, low):
             return None, None, []
-        step = self.step_of(line, low=low)
+        step = self._step(line, low, True)
         if step is not None:
             self.step = step
         loss = None

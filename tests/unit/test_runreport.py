@@ -272,6 +272,15 @@ def test_the_page_says_what_the_plots_lack():
     assert "no GPU samples" in section
     assert "no value in the log for the metric(s) tokens_per_s (rgt_job.metrics sets the patterns)" in section
     assert "no loss lines in the log" in section and "no attempts recorded yet" in section
+    # GPU samples without attempt records, metrics without a loss: each figure still drawn, the page says what lacks
+    gpu_only = {**metrics_doc(), "history": {**metrics_doc()["history"], "attempts": [],
+                                             "loss": {"points": [], "attempts": [], "truncated": False}}}
+    facts = runreport.run_facts(gpu_only, now=T0 + 3600)
+    time_fig = runreport.time_figure(gpu_only, facts)
+    assert "the first GPU sample" in time_fig.axes[-1].get_xlabel()
+    steps_fig = runreport.steps_figure(gpu_only, facts)
+    assert [ax.get_ylabel() for ax in steps_fig.axes] == ["eval_loss", "lr"]
+    assert "the steps figure shows the metrics only" in runreport.host_section(gpu_only, facts, {}, {})
 
 
 # ---------------------------------------------------------------- one clock per duration
