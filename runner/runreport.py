@@ -34,12 +34,13 @@ from rgt.safetext import printable
 HELP = "write a report per run: loss over steps, GPU use, attempts, cost, compute lost to preemptions (HTML + PNG)"
 DESCRIPTION = """\
 Look at each box once (read-only, like `rgt-run status`) and write one self-contained HTML page per run into
-runs/<run_id>/report.html, with its plots also as PNG files beside it: the loss over steps across attempts with
-each preemption and relaunch marked and the recomputed steps shaded, GPU utilisation and memory per GPU with idle
-stretches marked, a timeline of the attempts, and the figures: wall time, GPU-hours, steps/s, compute lost to
-preemptions, the cost (price per hour x wall time, plus the time the box billed after the job ended) and the pull's
-verification. A sweep gets one page, runs/<sweep>/report.html: a row per cell of its roster (host, params, state,
-attempts, final loss, wall time, cost, pull verified) and the loss of every cell in one plot.
+runs/<run_id>/report.html, with its plots also as PNG files beside it: the loss and the job's metrics over steps
+on one step axis, across attempts, with each relaunch marked and the recomputed steps shaded; the attempts and the
+GPUs' utilisation and memory on one wall-clock axis, with the time between attempts and the GPUs' idle stretches
+shaded; and the figures: wall time, GPU-hours, steps/s, compute lost to preemptions, the cost (price per hour x
+wall time, plus the time the box billed after the job ended; every duration on one clock, whatever the box's clock
+says) and the pull's verification. A sweep gets one page, runs/<sweep>/report.html: a row per cell of its roster
+(host, params, state, attempts, final loss, wall time, cost, pull verified) and the loss of every cell in one plot.
 A box that is gone is reported from the data saved by the last report or status.
 `rgt-run pull` writes the report on its own after a verified pull.
 Exit codes: 0 every report written, 1 a run got no report (the box gave no status, no data), 2 --run names no run of the
@@ -69,8 +70,18 @@ def _num(value) -> float | None:
 
 # ---------------------------------------------------------------- figures (pure)
 
+def clock_offset(doc: dict) -> float:
+    """This machine's clock minus the box's, when the box wrote the document: its `seen_at` (stamped here when
+    the document arrived) minus its `collected_at` (the box's clock). 0 when either is missing. Every duration
+    is one clock's end minus the same clock's start: box records against box records, this machine's times
+    against this machine's (a box clock a day behind must not bill a day)."""
+    seen, collected = _num(doc.get("seen_at")), _num(doc.get("collected_at"))
+    return seen - collected if seen is not None and collected is not None else 0.0
+
+
 def attempt_rows(doc: dict, now: float) -> list[dict]:
-    """One row per attempt: start, end (None while it runs), reason, rc, resume point, steps, wall, rate."""
+    """One row per attempt: start, end (None while it runs), reason, rc, resume point, steps, wall, rate. `now`
+    is this machine's time; a running attempt counts up to it on the box's clock (clock_offset)."""
     history = doc.get("history") or {}
     slots: dict[int, dict] = {}
     for record in history.get("attempts") or []:
@@ -81,13 +92,14 @@ def attempt_rows(doc: dict, now: float) -> list[dict]:
         slot["start" if "started_at" in record else "end"] = record
     logged = {a.get("attempt"): a for a in (history.get("loss") or {}).get("attempts") or []}
     live = doc.get("state") in ("running", "stalled")
+    box_now = now - clock_offset(doc)
     rows = []
     for number in sorted(slots):
         start_rec, end_rec = slots[number]["start"] or {}, slots[number]["end"] or {}
         started, ended = _epoch(start_rec.get("started_at")), _epoch(end_rec.get("ended_at"))
         running = not end_rec and live and number == doc.get("attempt")
         reason = end_rec.get("reason") or ("running" if running else "unknown")
-        until = now if running else ended
+        until = box_now if running else ended
         wall = max(0.0, until - started) if started is not None and until is not None else None
         resume_from = start_rec.get("resume_from") or ""
         resumed = _hist().resume_step(resume_from) if resume_from else (0 if start_rec else None)
@@ -114,8 +126,10 @@ def attempt_rows(doc: dict, now: float) -> list[dict]:
 
 def run_facts(doc: dict, *, now: float | None = None, teardown_at: float | None = None,
               verified: dict | None = None, gpu_count: int | None = None) -> dict:
-    """The figures of one run from its status document (with `history`) and the controller's records."""
+    """The figures of one run from its status document (with `history`) and the controller's records. Times from
+    this machine (`now`, `teardown_at`) are moved onto the box's clock before they meet the box's records."""
     now = time.time() if now is None else now
+    offset = clock_offset(doc)
     rows = attempt_rows(doc, now)
     price = _num(doc.get("price_per_hour"))
     walls = [r["wall_s"] for r in rows if r["wall_s"] is not None]
@@ -127,7 +141,7 @@ def run_facts(doc: dict, *, now: float | None = None, teardown_at: float | None 
     billed_until = None
     if last and not last["running"] and last["reason"] in BILLED_AFTER_END and last["ended_at"] is not None:
         billed_until = teardown_at if teardown_at is not None else now
-        idle_s = max(0.0, billed_until - last["ended_at"])
+        idle_s = max(0.0, billed_until - offset - last["ended_at"])
     series = ((doc.get("history") or {}).get("gpu") or {}).get("series") or {}
     gpus = len(series) or gpu_count
     attempts_cost = round(price * wall / 3600.0, 4) if price is not None and wall is not None else None
@@ -148,6 +162,7 @@ def run_facts(doc: dict, *, now: float | None = None, teardown_at: float | None 
         "cost": round((attempts_cost or 0) + (idle_cost or 0), 4) if attempts_cost is not None else None,
         "verified": verified, "log_error": (doc.get("history") or {}).get("log_error"),
         "gpu_idle": ((doc.get("history") or {}).get("gpu") or {}).get("idle") or [],
+        "clock_offset_s": round(offset, 1),
     }
     return facts
 
@@ -229,111 +244,232 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def plot_loss(doc: dict, facts: dict) -> bytes | None:
-    points = ((doc.get("history") or {}).get("loss") or {}).get("points") or []
-    if not points:
+ATTEMPT_COLORS = ("#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#558b2f", "#ad1457", "#4e342e", "#283593")
+GAP_COLOR = "#9e9e9e"  # the time between attempts: no job ran
+IDLE_COLOR = "#ffcc80"  # a GPU at or below the idle threshold
+RECOMPUTED_COLOR = "#f9a825"
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+        and abs(value) != float("inf")
+
+
+def _attempt_key(attempt) -> int:
+    return -1 if attempt is None else attempt
+
+
+def _attempt_label(attempt) -> str:
+    return f"attempt {attempt}" if attempt is not None else "before the log tail"
+
+
+def _figure_legend(fig, axes) -> None:
+    """One legend for the whole figure, below it: one entry per label (an attempt's colour is the same in every
+    plot of the figure, so its entry stands for all of them)."""
+    handles: dict = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(3, len(handles)), fontsize=7, frameon=False)
+
+
+def steps_figure(doc: dict, facts: dict):
+    """Loss and each metric of the history (`history.metrics`) over steps: one plot each, one shared step axis.
+    One line per attempt, in the attempt's colour in every plot (an attempt's curve ends where it ended: no
+    line joins two attempts); each relaunch a dashed line at the step it resumed from, coloured by why the
+    previous attempt ended; the steps computed twice shaded; non-finite values as red crosses. Returns the
+    matplotlib figure, or None when the log showed no loss and no metric."""
+    history = doc.get("history") or {}
+    panels = [("loss", (history.get("loss") or {}).get("points") or [])]
+    panels += [(name, rows) for name, rows in (history.get("metrics") or {}).items() if rows]
+    if not any(rows for _name, rows in panels):
         return None
+    if not panels[0][1]:
+        panels = panels[1:]
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    by_attempt: dict = {}
-    for attempt, step, loss in points:
-        by_attempt.setdefault(attempt, []).append((step, loss))
-    finite = [v for _a, _s, v in points if isinstance(v, (int, float))]
-    for attempt, rows in sorted(by_attempt.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
-        xs = [s for s, v in rows if isinstance(v, (int, float))]
-        ys = [v for _s, v in rows if isinstance(v, (int, float))]
-        ax.plot(xs, ys, lw=1.3, label=f"attempt {attempt}" if attempt is not None else "before the log tail")
-        bad = [s for s, v in rows if isinstance(v, str)]
-        if bad and finite:
-            ax.plot(bad, [max(finite)] * len(bad), "x", color="red", label="non-finite loss")
-    nonfinite = doc.get("nonfinite_loss") or {}
-    if isinstance(nonfinite.get("step"), int) and finite:  # the status scan's, in the current attempt
-        ax.plot([nonfinite["step"]], [max(finite)], "x", color="red", ms=9,
-                label=f"non-finite loss ({nonfinite.get('value')}) at step {nonfinite['step']}")
-    rows = facts["attempts"]
-    for row, following in zip(rows, rows[1:], strict=False):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 1.2 + 2.3 * len(panels)), sharex=True, squeeze=False)
+    axes = list(axes[:, 0])
+    attempts = sorted({p[0] for _name, rows in panels for p in rows}, key=_attempt_key)
+    colour = {a: ATTEMPT_COLORS[i % len(ATTEMPT_COLORS)] for i, a in enumerate(attempts)}
+    for ax, (name, rows) in zip(axes, panels, strict=True):
+        finite = [v for _a, _s, v in rows if _finite(v)]
+        top = max(finite) if finite else 1.0
+        for attempt in attempts:
+            mine = [(s, v) for a, s, v in rows if a == attempt]
+            xs = [s for s, v in mine if _finite(v)]
+            if xs:
+                ax.plot(xs, [v for _s, v in mine if _finite(v)], lw=1.3, color=colour[attempt],
+                        label=_attempt_label(attempt))
+            bad = [s for s, v in mine if not _finite(v)]
+            if bad:
+                ax.plot(bad, [top] * len(bad), "x", color="red", label="non-finite value")
+        nonfinite = doc.get("nonfinite_loss") or {}
+        if name == "loss" and isinstance(nonfinite.get("step"), int):  # the status scan's, in the current attempt
+            ax.plot([nonfinite["step"]], [top], "x", color="red", ms=9, label="non-finite value")
+        if finite and min(finite) > 0 and max(finite) / min(finite) > 50:
+            ax.set_yscale("log")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    for row, following in zip(facts["attempts"], facts["attempts"][1:], strict=False):
         resumed = following["resumed_from_step"]
         if resumed is None:
             continue
-        ax.axvline(resumed, color=REASON_COLOR.get(row["reason"], "#555"), ls="--", lw=1)
-        ax.annotate(f"{row['reason']} -> attempt {following['attempt']} from step {resumed}", (resumed, 1),
-                    xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=7)
-        if row["recomputed_steps"]:
-            ax.axvspan(resumed, row["last_step"], color="#f9a825", alpha=0.2,
-                       label=f"recomputed ({row['recomputed_steps']} steps)")
-    if finite and min(finite) > 0 and max(finite) / min(finite) > 50:
-        ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: loss over steps")
-    ax.legend(fontsize=7, loc="upper right")
-    ax.grid(alpha=0.3)
-    return _png(fig)
+        for ax in axes:
+            ax.axvline(resumed, color=REASON_COLOR.get(row["reason"], "#555"), ls="--", lw=1,
+                       label=f"{row['reason']}, then resumed from this step")
+            if row["recomputed_steps"]:
+                ax.axvspan(resumed, row["last_step"], color=RECOMPUTED_COLOR, alpha=0.2,
+                           label="steps computed twice (lost to the relaunch)")
+    axes[-1].set_xlabel("step (every plot of this figure)")
+    axes[0].set_title(f"{doc.get('run_id')} on {doc.get('host')}: loss and metrics over steps")
+    _figure_legend(fig, axes)
+    return fig
 
 
-def plot_gpu(doc: dict, facts: dict) -> bytes | None:
-    gpu = (doc.get("history") or {}).get("gpu") or {}
-    series = gpu.get("series") or {}
-    if not series:
-        return None
-    plt = _pyplot()
-    fig, (util_ax, mem_ax) = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True)
-    for index, rows in sorted(series.items(), key=lambda kv: int(kv[0])):
-        xs = [datetime.fromtimestamp(r[0], UTC) for r in rows]
-        util_ax.plot(xs, [r[1] for r in rows], lw=1.1, label=f"GPU {index}")
-        mem_ax.plot(xs, [r[2] for r in rows], lw=1.1, label=f"GPU {index} used")
-        totals = [r[3] for r in rows if r[3]]
-        if totals:
-            mem_ax.axhline(max(totals), color="#999", lw=0.8, ls=":")
-    for n, stretch in enumerate(gpu.get("idle") or []):
-        for ax in (util_ax, mem_ax):
-            ax.axvspan(datetime.fromtimestamp(stretch["start"], UTC), datetime.fromtimestamp(stretch["end"], UTC),
-                       color="#bdbdbd", alpha=0.4, label="idle" if n == 0 and ax is util_ax else None)
-    for row in facts["attempts"]:
-        if row["started_at"] is not None:
-            util_ax.axvline(datetime.fromtimestamp(row["started_at"], UTC), color="#555", lw=0.8, ls="--")
-    util_ax.set_ylabel("utilisation %")
-    util_ax.set_ylim(-2, 102)
-    mem_ax.set_ylabel("memory MiB")
-    util_ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: GPUs (idle stretches shaded)")
-    util_ax.legend(fontsize=7, loc="upper right")
-    for ax in (util_ax, mem_ax):
-        ax.grid(alpha=0.3)
-    fig.autofmt_xdate()
-    return _png(fig)
+def _breaks(times: list[float], starts: list[float], max_gap: float | None) -> list[int]:
+    """Indexes i where a line must stop between sample i-1 and sample i: they belong to two attempts (an attempt
+    start lies between them) or lie further apart than max_gap (the wrapper did not sample: no box)."""
+    import bisect
+
+    return [i for i in range(1, len(times))
+            if bisect.bisect_right(starts, times[i - 1]) != bisect.bisect_right(starts, times[i])
+            or (max_gap is not None and times[i] - times[i - 1] > max_gap)]
 
 
-def plot_attempts(doc: dict, facts: dict) -> bytes | None:
+def _with_nan_breaks(xs: list[float], ys: list, breaks: list[int]) -> tuple[list, list]:
+    """xs, ys with a NaN point inserted before each break (matplotlib draws no line across a NaN)."""
+    out_x, out_y, cut = [], [], set(breaks)
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if i in cut:
+            out_x.append((xs[i - 1] + x) / 2.0)
+            out_y.append(float("nan"))
+        out_x.append(x)
+        out_y.append(float("nan") if y is None else y)
+    return out_x, out_y
+
+
+def idle_spans(doc: dict, facts: dict) -> dict[str, list[tuple[float, float]]]:
+    """The stretches the time figure shades, in the box's epoch seconds: `between` (from one attempt's end to the
+    next one's start: no job ran) and `gpu` (a GPU at or below the idle threshold for two or more samples in a row,
+    widened by half a sample interval on each side, so a stretch of k samples covers k intervals)."""
     rows = [r for r in facts["attempts"] if r["started_at"] is not None]
-    if not rows:
+    between = [(r["ended_at"], nxt["started_at"]) for r, nxt in zip(rows, rows[1:], strict=False)
+               if r["ended_at"] is not None and nxt["started_at"] > r["ended_at"]]
+    gpu = (doc.get("history") or {}).get("gpu") or {}
+    half = (_num(gpu.get("interval_s")) or 0.0) / 2.0
+    stretches = [(s["start"] - half, s["end"] + half) for s in gpu.get("idle") or []
+                 if _num(s.get("start")) is not None and _num(s.get("end")) is not None]
+    return {"between": between, "gpu": stretches}
+
+
+def time_figure(doc: dict, facts: dict):
+    """The attempts and the GPUs over wall-clock time (the box's clock), on one shared time axis: a bar per
+    attempt coloured by how it ended, a hatched bar for the time the box billed after the job ended; GPU
+    utilisation and memory per GPU, each line broken (NaN) between attempts and where the wrapper took no
+    samples; the time between attempts and the GPUs' idle stretches shaded. The log has no per-line times, so
+    steps are not on this axis (the steps figure has them). Returns the figure, or None without attempts or
+    GPU samples."""
+    rows = [r for r in facts["attempts"] if r["started_at"] is not None]
+    gpu = (doc.get("history") or {}).get("gpu") or {}
+    series = {k: v for k, v in (gpu.get("series") or {}).items() if v}
+    if not rows and not series:
         return None
+    t0 = rows[0]["started_at"] if rows else min(r[0] for v in series.values() for r in v)
+
+    def minutes(t: float) -> float:
+        return (t - t0) / 60.0
+
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 0.7 + 0.55 * (len(rows) + 1)))
-    t0 = rows[0]["started_at"]
+    count = 1 + (2 if series else 0)
+    ratios = [0.8 + 0.35 * (len(rows) + 1)] + [2.0] * (count - 1)
+    fig, axes = plt.subplots(count, 1, figsize=(8, 1.2 + sum(ratios) * 0.9), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": ratios})
+    axes = list(axes[:, 0])
+    bars = axes[0]
     for y, row in enumerate(rows):
         width = (row["wall_s"] or 0) / 60.0
-        ax.broken_barh([((row["started_at"] - t0) / 60.0, max(width, 0.01))], (y - 0.35, 0.7),
-                       color=REASON_COLOR.get(row["reason"], "#9e9e9e"))
+        bars.broken_barh([(minutes(row["started_at"]), max(width, 0.01))], (y - 0.35, 0.7),
+                         color=REASON_COLOR.get(row["reason"], REASON_COLOR["unknown"]), label=row["reason"])
         step = f" at step {row['last_step']}" if row["last_step"] is not None else ""
-        resumed = f", resumed from step {row['resumed_from_step']}" if row["attempt"] > 1 else ""
-        ax.text((row["started_at"] - t0) / 60.0 + width, y, f"  {row['reason']}{step}{resumed}", va="center",
-                fontsize=8)
-    if facts.get("idle_after_end_s") and rows[-1]["ended_at"] is not None:
-        start = (rows[-1]["ended_at"] - t0) / 60.0
-        ax.broken_barh([(start, facts["idle_after_end_s"] / 60.0)], (len(rows) - 0.35, 0.7), facecolor="none",
-                       edgecolor="#616161", hatch="///")
-        ax.text(start + facts["idle_after_end_s"] / 60.0, len(rows),
-                "  box billed after the job ended" + (" (until teardown)" if facts["torn_down"] else ""),
-                va="center", fontsize=8)
-    ax.set_yticks(range(len(rows) + 1), [f"attempt {r['attempt']}" for r in rows] + ["after the end"])
-    ax.invert_yaxis()
-    ax.set_xlabel("minutes since the first attempt started")
-    ax.set_title(f"{doc.get('run_id')} on {doc.get('host')}: attempts")
-    ax.grid(axis="x", alpha=0.3)
-    return _png(fig)
+        bars.text(minutes(row["started_at"]) + width, y, f"  {row['reason']}{step}", va="center", fontsize=7)
+    labels = [f"attempt {r['attempt']}" for r in rows]
+    if facts.get("idle_after_end_s") and rows and rows[-1]["ended_at"] is not None:
+        start, width = minutes(rows[-1]["ended_at"]), facts["idle_after_end_s"] / 60.0
+        bars.broken_barh([(start, width)], (len(rows) - 0.35, 0.7), facecolor="none", edgecolor="#616161",
+                         hatch="///", label="box billed after the job ended"
+                         + (" (until teardown)" if facts["torn_down"] else " (until this report)"))
+        labels.append("after the end")
+    labels = labels or ["no attempt recorded"]  # GPU samples without attempts.jsonl: the GPU plots still line up
+    bars.set_yticks(range(len(labels)), labels)
+    bars.set_ylim(len(labels) - 0.5, -0.5)
+    spans = idle_spans(doc, facts)
+    for ax in axes:
+        for begin, end in spans["between"]:
+            ax.axvspan(minutes(begin), minutes(end), color=GAP_COLOR, alpha=0.25,
+                       label="between attempts (no job ran)")
+    if series:
+        util_ax, mem_ax = axes[1], axes[2]
+        starts = sorted(r["started_at"] for r in rows)
+        totals: set = set()
+        for n, (index, samples) in enumerate(sorted(series.items(), key=lambda kv: int(kv[0]))):
+            samples = sorted(samples)
+            times = [r[0] for r in samples]
+            gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False) if b > a)
+            step = max(_num(gpu.get("interval_s")) or 0.0, gaps[len(gaps) // 2] if gaps else 0.0)
+            cut = _breaks(times, starts, 3 * step if step else None)
+            xs = [minutes(t) for t in times]
+            line_colour = f"C{n % 10}"
+            for ax, column in ((util_ax, 1), (mem_ax, 2)):
+                bx, by = _with_nan_breaks(xs, [r[column] for r in samples], cut)
+                ax.plot(bx, by, lw=1.1, color=line_colour, label=f"GPU {index}")
+            totals.update(r[3] for r in samples if _num(r[3]))
+        for total in sorted(totals):
+            mem_ax.axhline(total, color="#616161", lw=0.8, ls=":", label="GPU memory total")
+        for begin, end in spans["gpu"]:
+            for ax in (util_ax, mem_ax):
+                ax.axvspan(minutes(begin), minutes(end), color=IDLE_COLOR, alpha=0.45,
+                           label="a GPU idle (at or below 5 % for 2+ samples)")
+        util_ax.set_ylabel("GPU util %")
+        util_ax.set_ylim(-2, 102)
+        mem_ax.set_ylabel("GPU memory MiB")
+    for ax in axes:
+        ax.grid(axis="x", alpha=0.3)
+    since = f"attempt {rows[0]['attempt']} started" if rows else "the first GPU sample"
+    axes[-1].set_xlabel(f"minutes since {since} ({_when(t0)} on the box's clock; every plot of this figure)")
+    axes[0].set_title(f"{doc.get('run_id')} on {doc.get('host')}: attempts and GPUs over time")
+    _figure_legend(fig, axes)
+    return fig
 
 
-PLOTS = (("loss", plot_loss), ("gpu", plot_gpu), ("attempts", plot_attempts))
+def _plot(figure):
+    def draw(doc: dict, facts: dict) -> bytes | None:
+        fig = figure(doc, facts)
+        return _png(fig) if fig is not None else None
+
+    return draw
+
+
+def plot_notes(doc: dict) -> list[str]:
+    """What the page says under the plots about data they lack: no GPU samples, a declared metric with no value."""
+    history = doc.get("history") or {}
+    notes = []
+    if not ((history.get("loss") or {}).get("points")) and any((history.get("metrics") or {}).values()):
+        notes.append("no loss lines in the log (rgt_job.log_patterns sets the patterns): the steps figure shows the "
+                     "metrics only")
+    if not ((history.get("gpu") or {}).get("series")):
+        notes.append("no GPU samples: the wrapper found no nvidia-smi on the box")
+    empty = [name for name, rows in (history.get("metrics") or {}).items() if not rows]
+    if empty:
+        notes.append(f"no value in the log for the metric(s) {', '.join(empty)} (rgt_job.metrics sets the patterns)")
+    return notes
+
+
+# key, the figure, its heading in the page, and what the page says when there is no figure
+PLOTS = (("steps", _plot(steps_figure), "Loss and metrics over steps",
+          "no loss lines in the log (rgt_job.log_patterns sets the patterns)"),
+         ("time", _plot(time_figure), "Attempts and GPUs over time", "no attempts recorded yet"))
 
 
 # ---------------------------------------------------------------- HTML
@@ -366,6 +502,9 @@ def _row(key: str, label: str, value: str, note: str = "") -> str:
     return f'<tr><th>{_e(label)}</th><td class="n" data-k="{key}">{_e(value)}</td><td>{extra}</td></tr>'
 
 
+CLOCK_NOTE_S = 60  # the figures table names a box clock this far from this machine's
+
+
 def figures_table(f: dict) -> str:
     price = f["price_per_hour"]
     idle_note = ""
@@ -390,6 +529,11 @@ def figures_table(f: dict) -> str:
         _row("idle_cost", "cost after the job ended", _fmt(f["idle_cost"], ".4f"), idle_note),
         _row("cost", "cost", _fmt(f["cost"], ".4f"), "so far" if not f["torn_down"] else "until teardown"),
     ]
+    offset = f.get("clock_offset_s") or 0.0
+    if abs(offset) >= CLOCK_NOTE_S:
+        rows.append(_row("clock_offset_h", "box clock", f"{-offset / 3600:+.2f} h",
+                         f"{'behind' if offset > 0 else 'ahead of'} this machine's: every duration above is measured "
+                         "on one clock (the box's records against each other, this machine's against its own)"))
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -453,15 +597,14 @@ def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[s
     if log_error.get("line"):
         parts.append(f'<p class="bad">last error in the log: <code>{_e(log_error["line"])}</code></p>')
     parts.append("<h3>Attempts</h3>" + attempts_table(facts))
-    for key, title in (("attempts", "Attempts timeline"), ("loss", "Loss over steps"), ("gpu", "GPUs")):
+    for key, _draw, title, missing in PLOTS:
         if key in images:
             data = base64.b64encode(images[key]).decode()
             parts.append(f'<h3>{title}</h3><img alt="{_e(title)}" data-plot="{key}" title="{_e(names[key])}" '
                          f'src="data:image/png;base64,{data}">')
-        elif key == "gpu":
-            parts.append('<p class="note">no GPU samples: the wrapper found no nvidia-smi on the box</p>')
-        elif key == "loss":
-            parts.append('<p class="note">no loss lines in the log (rgt_job.log_patterns sets the patterns)</p>')
+        else:
+            parts.append(f'<p class="note">{_e(missing)}</p>')
+    parts.extend(f'<p class="note">{_e(note)}</p>' for note in plot_notes(doc))
     truncated = ((doc.get("history") or {}).get("loss") or {}).get("truncated")
     if truncated:
         parts.append('<p class="note">the loss curve covers the newest part of a long log (history_kb)</p>')
@@ -649,7 +792,7 @@ def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: f
                           verified=verified_marker(root, run_id, host))
         facts_by_host[host] = facts
         images, names = {}, {}
-        for key, plot in PLOTS:
+        for key, plot, _title, _missing in PLOTS:
             data = plot(doc, facts)
             if data:
                 name = f"report-{host}-{key}.png"

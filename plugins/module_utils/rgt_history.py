@@ -6,7 +6,8 @@
 Pure functions (no I/O but what the caller hands in), Python 3.6+, stdlib only. Used by the rgt_status module
 (the `history` key of the status document) and, through rgt.paths.module_util, by the runner's report.
 
-- loss over steps, per attempt, from logs/job.log (the wrapper's `== rgt attempt N started` lines split it);
+- loss and the job's metrics (rgt_job.metrics, else eval loss and learning rate) over steps, per attempt, from
+  logs/job.log (the wrapper's `== rgt attempt N started` lines split it; rgt_reconcile.LogReader reads the lines);
 - GPU utilisation and memory over time, per GPU, from the wrapper's .rgt/gpu.csv, and the idle stretches;
 - the attempt records of .rgt/attempts.jsonl as written, and the last error line of the log.
 Bounded: the caller reads at most a fixed number of bytes from the end of each file; points are thinned to a
@@ -19,20 +20,17 @@ __metaclass__ = type
 
 import re
 
-# the log's step/loss patterns, the attempt marker and the number rules are the status scan's (one copy)
+# the log's rules (step, loss, metrics), the attempt marker and the number rules are the status scan's (one copy)
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_reconcile import (  # noqa: E402
     ATTEMPT_MARKER,
-    DEFAULT_LOSS_PATTERN,
-    DEFAULT_STEP_PATTERN,
     GPU_IDLE_PCT,
-    _compile,
+    LogReader,
     json_number,
-    loss_of,
-    step_of,
 )
 
 SCHEMA = 1
 MAX_LOSS_POINTS = 600
+MAX_METRIC_POINTS = 200  # per metric (at most rgt_reconcile.MAX_METRICS of them)
 MAX_GPU_POINTS = 240
 MAX_IDLE_STRETCHES = 50
 ERROR_LINE = re.compile(r"(Traceback \(most recent call last\)|\b\w*(Error|Exception)\b:|CUDA out of memory|"
@@ -91,25 +89,30 @@ def _last_error(text):
     return line, traceback
 
 
-def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_LOSS_POINTS):
-    """{points: [[attempt, step, loss]], attempts: [{attempt, first_step, last_step, losses}], error_line (the
-    last error-looking line of the newest attempt), traceback (bool), truncated}. Lines before the first attempt
-    marker (a tail that began mid-run) belong to attempt None.
+def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_LOSS_POINTS, metrics=None):
+    """{points: [[attempt, step, loss]], metrics: {name: [[attempt, step, value]]}, attempts: [{attempt,
+    first_step, last_step, losses}], error_line (the last error-looking line of the newest attempt), traceback
+    (bool), truncated}. Lines before the first attempt marker (a tail that began mid-run) belong to attempt None.
+    `metrics` is the job's {name: regex} (None: rgt_reconcile.DEFAULT_METRICS); a metric the job declared is
+    listed even with no value, a built-in one only when the log shows it.
 
     Bounded work on a long log: per attempt, only an even sample of its lines (about 2 x max_points overall) and
     its first and last EDGE_LINES lines are parsed (a non-finite loss between samples is the status document's
-    `nonfinite_loss`); a loss line without a step takes the step of the nearest of the BACK_LINES lines before
-    it."""
-    patterns = patterns or {}
-    step_re = _compile(patterns.get("step"), DEFAULT_STEP_PATTERN)
-    loss_re = _compile(patterns.get("loss"), DEFAULT_LOSS_PATTERN)
+    `nonfinite_loss`); a loss or metric line without a step takes the step of the nearest of the BACK_LINES lines
+    before it, else the latest step of the lines read before it (HF Trainer writes its evaluation results after
+    its evaluation bar, far from the training bar)."""
     text = text or ""
     if partial_first_line:
         text = text.split("\n", 1)[1] if "\n" in text else ""
     segments = _segments(text)
     total = sum(len(lines) for _a, lines in segments) or 1
-    points, per_attempt = [], {}
+    points, per_attempt, series = [], {}, {}
+    declared = metrics is not None
     for attempt, lines in segments:
+        reader = LogReader(patterns, metrics)
+        if declared:
+            for name, _rule in reader.metrics:
+                series.setdefault(name, [])
         slot = per_attempt.setdefault(attempt, {"attempt": attempt, "first_step": None, "last_step": None,
                                                 "losses": 0})
         n = len(lines)
@@ -119,33 +122,45 @@ def loss_history(text, patterns=None, partial_first_line=False, max_points=MAX_L
         chosen.update(range(max(0, n - EDGE_LINES), n))
         for i in sorted(chosen):
             line = lines[i]
-            step = step_of(step_re, line)
+            latest = reader.step
+            step, loss, values = reader.read(line)
             if step is not None:
                 if slot["first_step"] is None:
                     slot["first_step"] = step
                 slot["last_step"] = step if slot["last_step"] is None else max(slot["last_step"], step)
-            loss = loss_of(loss_re, line)
-            if loss is None:
+            if loss is None and not values:
                 continue
             back = i - 1
             while step is None and back >= max(0, i - BACK_LINES):
-                step = step_of(step_re, lines[back])
+                step = reader.step_of(lines[back], commit=False)
                 back -= 1
+            step = latest if step is None else step
             if step is None:
                 continue
-            slot["losses"] += 1
-            points.append([attempt, step, json_number(loss)])
+            if loss is not None:
+                slot["losses"] += 1
+                points.append([attempt, step, json_number(loss)])
+            for name, value in values:
+                series.setdefault(name, []).append([attempt, step, json_number(value)])
     error_line, traceback = _last_error("\n".join(segments[-1][1])) if segments else (None, False)
-    keep = [i for i, p in enumerate(points) if isinstance(p[2], str)][:50]
-    # every attempt's first and last point too: a relaunch must stay visible however thin the curve
+    order = [name for name, _rule in LogReader(patterns, metrics).metrics if name in series]  # as declared
+    return {"points": thin(points, max_points, _keep(points, 50)),
+            "metrics": dict((name, thin(series[name], MAX_METRIC_POINTS, _keep(series[name], 10)))
+                            for name in order),
+            "attempts": [per_attempt[k] for k in sorted(per_attempt, key=lambda a: -1 if a is None else a)],
+            "error_line": error_line, "traceback": traceback, "truncated": bool(partial_first_line)}
+
+
+def _keep(points, nonfinite):
+    """The indexes thinning keeps: the first `nonfinite` non-finite values, and every attempt's first and last
+    point (a relaunch must stay visible however thin the curve)."""
+    keep = [i for i, p in enumerate(points) if isinstance(p[2], str)][:nonfinite]
     seen = {}
     for i, p in enumerate(points):
         seen.setdefault(p[0], [i, i])[1] = i
     for first, last in seen.values():
         keep.extend((first, last))
-    return {"points": thin(points, max_points, keep), "attempts": [per_attempt[k] for k in sorted(
-        per_attempt, key=lambda a: -1 if a is None else a)], "error_line": error_line,
-        "traceback": traceback, "truncated": bool(partial_first_line)}
+    return keep
 
 
 def _cell_number(text):
@@ -190,24 +205,28 @@ def gpu_history(text, partial_first_line=False, max_points=MAX_GPU_POINTS, idle_
     series, idle, gaps = {}, [], []
     for index in sorted(raw):
         rows = sorted(raw[index])
-        gaps.extend(rows[i][0] - rows[i - 1][0] for i in range(1, len(rows)) if rows[i][0] > rows[i - 1][0])
-        idle.extend(_idle_stretches(index, rows, idle_pct))
+        mine = sorted(rows[i][0] - rows[i - 1][0] for i in range(1, len(rows)) if rows[i][0] > rows[i - 1][0])
+        gaps.extend(mine)
+        # the wrapper samples only while an attempt runs: a pause of 3 intervals or more (a preemption) ends a stretch
+        idle.extend(_idle_stretches(index, rows, idle_pct, 3 * mine[len(mine) // 2] if mine else None))
         series[str(index)] = _buckets(rows, max_points)
     interval = sorted(gaps)[len(gaps) // 2] if gaps else None
     return {"series": series, "idle": idle[:MAX_IDLE_STRETCHES], "interval_s": interval,
             "samples": sum(len(r) for r in raw.values()), "truncated": bool(partial_first_line)}
 
 
-def _idle_stretches(index, rows, idle_pct):
-    """Runs of at least two consecutive samples at or below idle_pct utilisation: {index, start, end, samples}."""
+def _idle_stretches(index, rows, idle_pct, max_gap=None):
+    """Runs of at least two consecutive samples at or below idle_pct utilisation, no two of them more than max_gap
+    seconds apart: {index, start, end, samples}."""
     out, run = [], []
     for row in rows + [None]:
-        if row is not None and row[1] is not None and row[1] <= idle_pct:
+        idle = row is not None and row[1] is not None and row[1] <= idle_pct
+        if idle and (not run or max_gap is None or row[0] - run[-1][0] < max_gap):
             run.append(row)
             continue
         if len(run) >= 2:
             out.append({"index": index, "start": run[0][0], "end": run[-1][0], "samples": len(run)})
-        run = []
+        run = [row] if idle else []
     return out
 
 
@@ -237,12 +256,12 @@ def resume_step(resume_from):
     return int(match.group(1)) if match else None
 
 
-def build(log_text, log_partial, gpu_text, gpu_partial, attempts, patterns=None):
-    """The `history` key of the status document."""
-    log = loss_history(log_text, patterns, log_partial)
+def build(log_text, log_partial, gpu_text, gpu_partial, attempts, patterns=None, metrics=None):
+    """The `history` key of the status document (`metrics`: the job's rgt_job.metrics, None for the built-in)."""
+    log = loss_history(log_text, patterns, log_partial, metrics=metrics)
     keep = ("attempt", "started_at", "ended_at", "rc", "signal", "reason", "resume_from", "noted_at")
     records = [dict((k, r.get(k)) for k in keep if k in r) for r in attempts or [] if isinstance(r, dict)]
     return {"schema": SCHEMA, "loss": {"points": log["points"], "attempts": log["attempts"],
-                                       "truncated": log["truncated"]},
+                                       "truncated": log["truncated"]}, "metrics": log["metrics"],
             "log_error": {"line": log["error_line"], "traceback": log["traceback"]} if log["error_line"] else None,
             "gpu": gpu_history(gpu_text, gpu_partial), "attempts": records}

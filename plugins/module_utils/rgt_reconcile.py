@@ -28,9 +28,8 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayou
 
 STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started",
           "queued", "timeout", "oom")  # the last three: runs under Slurm (with_slurm)
-DEFAULT_STEP_PATTERN = r"step[=: ]\s*(\d+)"
-DEFAULT_LOSS_PATTERN = r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"
 DEFAULT_STALL_AFTER_S = 600
+NO_PROGRESS_AFTER_S = 300  # a running attempt whose log shows no step or loss by then gets one warning
 DISK_PCT_MAX = 95
 SPIKE_FACTOR = 10.0
 SPIKE_WINDOW = 20
@@ -92,31 +91,155 @@ def _median(values):
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
 
 
-def _compile(pattern, default):
-    try:
-        return re.compile(pattern or default)
-    except (re.error, TypeError):
-        return re.compile(default)
+# ---------------------------------------------------------------- the log's step, loss and metrics
+# One home for how job.log is read: the status scan below and the report's history (rgt_history) both use
+# LogReader. Built-in rules cover the common trainers' formats (docs/job-spec.md "Log patterns"); the job's
+# log_patterns.step / .loss replace the built-in step / loss rules, its `metrics` the built-in metrics.
 
-
+NUMBER = r"(?:tensor\()?['\"]?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?))"
+KEY_SEP = r"['\"]?(?:\s*[=:]\s*|\s+)"  # key=value, key: value, 'key': value, "key": value, key value
+NOT_INSIDE = r"(?<![\w./-])"  # a key of its own: not the tail of eval_loss, val/loss, max_steps
+# step=N, Step N, step: N, 'step': N, "step": N, global_step=N, iter N, iteration N, Step [N/M]; never "steps"
+STEP_RULE = re.compile(r"(?i)" + NOT_INSIDE + r"['\"]?(?:global[_ ]?)?(?:step|iter|iteration)" + KEY_SEP
+                       + r"\[?(\d+)(?![\w.])")
+# loss=, loss:, 'loss':, "loss":, train_loss= (Lightning), train/loss; never eval_loss, val_loss, loss_scale
+LOSS_RULE = re.compile(r"(?i)" + NOT_INSIDE + r"['\"]?(?:train[_/])?loss(?:_step)?" + KEY_SEP + NUMBER)
+# a tqdm bar "<desc>: 12%|##  | 60/500 [00:30<03:40, 2.00it/s, loss=0.3]": HF Trainer's training bar has no desc,
+# Lightning's is "Epoch E"; any other desc (Map, Validation, Loading, Downloading) is not training progress
+BAR_RULE = re.compile(r"^(?P<desc>.*?)\s*\d{1,3}%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[[^\]]*?(?:it/s|s/it)")
+EPOCH_DESC = re.compile(r"(?i)^epoch\s+(\d+)(?:/\d+)?$")
+# a line about resuming or loading a checkpoint names an old step, not progress ("Resuming from global_step=135",
+# "loaded checkpoint ... step 135", HF's "Continuing training from global step 135", Lightning's "Restoring ...")
+RESUME_LINE = re.compile(r"(?i)\b(?:resum(?:e|es|ed|ing)\b|restor(?:e|es|ed|ing)\b|continu(?:e|es|ed|ing) training"
+                         r"|load(?:s|ed|ing)?\b.{0,80}?\bcheckpoint|skip(?:s|ped|ping)? the first)")
+SUMMARY_LINE = "train_runtime"  # HF Trainer's end-of-run summary: its train_loss is the mean over the run
+DEFAULT_METRICS = {
+    "eval_loss": r"(?i)" + NOT_INSIDE + r"['\"]?(?:eval|val|valid|validation)[_/ ]loss" + KEY_SEP + NUMBER,
+    "lr": r"(?i)" + NOT_INSIDE + r"['\"]?(?:learning_rate|lr)" + KEY_SEP + NUMBER,
+}
+# words a line must hold (lower-cased) before a built-in rule's regex runs on it: a 256 KiB tail costs milliseconds
+RESUME_WORDS = ("resum", "restor", "continu", "load", "skip")
+STEP_WORDS = ("step", "iter")
+METRIC_WORDS = {"eval_loss": ("loss",), "lr": ("lr", "learning_rate")}
+MAX_METRICS = 8
+# what job.json said before the built-in rules (the runner wrote these two out): they mean "the built-in rules"
+LEGACY_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
 ATTEMPT_MARKER = re.compile(r"^== rgt attempt (\d+) started")
 
 
-def step_of(step_re, line):
-    """The step a log line shows (the pattern's first group, else its whole match), or None."""
-    match = step_re.search(line)
-    if not match:
+def _user_rule(patterns, key):
+    """The job's own regex for `key` (log_patterns), compiled, or None for the built-in rules. The runner refuses
+    a bad regex before anything runs (exit 2); one in an old job.json falls back to the built-in rules."""
+    value = (patterns or {}).get(key)
+    if not value or value == LEGACY_PATTERNS.get(key):
         return None
     try:
-        return int(match.group(1) if match.groups() else match.group(0))
-    except (ValueError, IndexError):
+        return re.compile(value)
+    except (re.error, TypeError):
         return None
 
 
-def loss_of(loss_re, line):
-    """The loss a log line shows, as a float (nan/inf included), or None."""
-    match = loss_re.search(line)
-    return parse_loss(match.group(1) if match.groups() else match.group(0)) if match else None
+def metric_rules(metrics=None):
+    """[(name, compiled regex)]: the job's `metrics` ({name: regex}, at most MAX_METRICS), else DEFAULT_METRICS;
+    {} declares none."""
+    return [(name, rule) for name, rule, _words in _metric_rules(metrics)]
+
+
+def _metric_rules(metrics):
+    """metric_rules with the words a line must hold for each rule (None: the job's own rule, no shortcut)."""
+    spec = DEFAULT_METRICS if metrics is None else metrics
+    out = []
+    for name, pattern in list((spec or {}).items())[:MAX_METRICS]:
+        try:
+            out.append((str(name), re.compile(pattern), METRIC_WORDS.get(name) if metrics is None else None))
+        except (re.error, TypeError):
+            continue
+    return out
+
+
+def _holds(low, words):
+    return words is None or any(word in low for word in words)
+
+
+def _captured(match):
+    return match.group(1) if match.groups() else match.group(0)
+
+
+class LogReader(object):
+    """Reads the step, loss and metrics of job.log lines, one attempt at a time (a new reader per attempt).
+
+    read(line) -> (step or None, loss or None, [(metric, value)]). The reader keeps the latest step seen
+    (`step`) and which progress bar is the training bar: the first unlabelled tqdm bar of the attempt (HF
+    Trainer's); an unlabelled bar with another total (HF's evaluation bar) is not progress."""
+
+    def __init__(self, patterns=None, metrics=None):
+        self.step_re = _user_rule(patterns, "step")
+        self.loss_re = _user_rule(patterns, "loss")
+        self._metrics = _metric_rules(metrics)
+        self.metrics = [(name, rule) for name, rule, _words in self._metrics]
+        self.bar_total = None
+        self.step = None
+
+    @staticmethod
+    def quiet(line, low=None):
+        """A line that shows no progress whatever it holds: the wrapper's markers, resume and load messages."""
+        low = line.lower() if low is None else low
+        return line.startswith("== rgt attempt ") or (_holds(low, RESUME_WORDS) and RESUME_LINE.search(line)
+                                                      is not None)
+
+    def step_of(self, line, commit=True):
+        """The step a line shows, or None. commit=False: look without taking the line's bar as the training bar."""
+        low = line.lower()
+        return None if self.quiet(line, low) else self._step(line, low, commit)
+
+    def _step(self, line, low, commit):
+        if self.step_re is not None:
+            match = self.step_re.search(line)
+            return _int(_captured(match)) if match else None
+        match = STEP_RULE.search(line) if _holds(low, STEP_WORDS) else None
+        if match:
+            return int(match.group(1))
+        bar = BAR_RULE.search(line) if "%|" in line else None
+        if not bar:
+            return None
+        desc, n, total = bar.group("desc").strip().rstrip(":").strip(), int(bar.group("n")), int(bar.group("total"))
+        epoch = EPOCH_DESC.match(desc)
+        if epoch:  # Lightning counts batches per epoch: epoch E, batch n of N is step E x N + n
+            return int(epoch.group(1)) * total + n
+        if desc:
+            return None
+        if self.bar_total is None and commit:
+            self.bar_total = total
+        return n if total == (self.bar_total if self.bar_total is not None else total) else None
+
+    def read(self, line):
+        low = line.lower()
+        if self.quiet(line, low):
+            return None, None, []
+        step = self._step(line, low, True)
+        if step is not None:
+            self.step = step
+        loss = None
+        if self.loss_re is not None:
+            match = self.loss_re.search(line)
+            loss = parse_loss(_captured(match)) if match else None
+        elif "loss" in low and SUMMARY_LINE not in line:
+            match = LOSS_RULE.search(line)
+            loss = parse_loss(match.group(1)) if match else None
+        values = []
+        for name, rule, words in self._metrics:
+            match = rule.search(line) if _holds(low, words) else None
+            value = parse_loss(_captured(match)) if match else None
+            if value is not None:
+                values.append((name, value))
+        return step, loss, values
+
+
+def _int(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def current_attempt_lines(lines, attempt=None):
@@ -130,28 +253,24 @@ def current_attempt_lines(lines, attempt=None):
 
 
 def scan_log(text, patterns=None, partial_first_line=False, attempt=None):
-    """Read step/loss lines of a log tail (the current attempt's part of it).
+    """Read step/loss lines of a log tail (the current attempt's part of it), with LogReader's rules.
 
     Returns {step, loss, nonfinite (first non-finite loss {step, value}), spike (latest loss > 10x the median
-    of the previous 20 finite losses {step, value, median}), lines_with_loss}. The first non-finite loss is
-    kept even when finite lines follow it (a NaN that "recovered" is still a NaN).
+    of the previous 20 finite losses {step, value, median}), lines_with_loss, lines (the attempt's lines read)}.
+    The first non-finite loss is kept even when finite lines follow it (a NaN that "recovered" is still a NaN).
     """
-    patterns = patterns or {}
-    step_re = _compile(patterns.get("step"), DEFAULT_STEP_PATTERN)
-    loss_re = _compile(patterns.get("loss"), DEFAULT_LOSS_PATTERN)
+    reader = LogReader(patterns, {})
     lines = (text or "").splitlines()
     if partial_first_line and lines:
         lines = lines[1:]  # the tail began mid-line
     lines = current_attempt_lines(lines, attempt)
-    result = {"step": None, "loss": None, "nonfinite": None, "spike": None, "lines_with_loss": 0}
+    result = {"step": None, "loss": None, "nonfinite": None, "spike": None, "lines_with_loss": 0,
+              "lines": sum(1 for line in lines if line.strip() and not line.startswith("== rgt attempt "))}
     window = []
-    step = None
     for line in lines:
-        found = step_of(step_re, line)
-        if found is not None:
-            step = found
-            result["step"] = step
-        loss = loss_of(loss_re, line)
+        _found, loss, _values = reader.read(line)
+        step = reader.step
+        result["step"] = step
         if loss is None:
             continue
         result["lines_with_loss"] += 1
@@ -170,6 +289,27 @@ def scan_log(text, patterns=None, partial_first_line=False, attempt=None):
         if len(window) > SPIKE_WINDOW:
             window.pop(0)
     return result
+
+
+def no_progress_warning(scan, attempt_age_s, patterns=None):
+    """One warning for a running attempt whose log, NO_PROGRESS_AFTER_S into the attempt, has lines but shows
+    no step or no loss (the rules do not fit this job's format), naming the fix; None otherwise."""
+    if attempt_age_s is None or attempt_age_s < NO_PROGRESS_AFTER_S or not scan.get("lines"):
+        return None
+    missing = [key for key in ("step", "loss") if scan.get(key) is None]
+    if not missing:
+        return None
+    after = "after %d min" % (attempt_age_s // 60)
+    if len(missing) == 2:
+        return ("no step/loss seen in logs/job.log %s: set rgt_job.log_patterns (a regex with one group each for "
+                "the step and the loss your job prints; docs/job-spec.md)" % after)
+    key = missing[0]
+    seen = "steps were seen, the latest %s" % scan["step"] if key == "loss" else "loss lines were seen"
+    fix = "set rgt_job.log_patterns.%s to" % key
+    if _user_rule(patterns, key) is not None:
+        fix = "rgt_job.log_patterns.%s matches no line: make it" % key
+    return "no %s seen in logs/job.log %s (%s): %s a regex with one group for the %s your job prints" % (
+        key, after, seen, fix, key)
 
 
 def latest_gpu(samples):
@@ -226,9 +366,24 @@ def current_attempt(pid_doc, attempts, exit_doc):
     return None
 
 
+def wrapper_clock(facts, attempt, now):
+    """(now, last sign of life of `attempt`) on the clock of the machine the wrapper runs on: every duration is
+    one clock's end minus the same clock's start, never the reader's time minus the wrapper's records. On a box
+    the status is read where the wrapper runs: `now` and now - the heartbeat's age. Under Slurm it is read on the
+    login node, whose clock need not be the compute node's: the wrapper's own heartbeat time `ts` is both (at
+    most a heartbeat interval old), None when the heartbeat is not this attempt's."""
+    if facts.get("slurm"):
+        beat = facts.get("heartbeat") or {}
+        ts = to_epoch(beat.get("ts")) if beat.get("attempt") in (None, attempt) else None
+        return ts, ts
+    age = facts.get("heartbeat_age_s")
+    return now, (now - age if isinstance(age, (int, float)) else None)
+
+
 def wall_seconds(attempts, now, current=None, alive=False, last_alive_at=None):
     """Summed wall seconds of all attempts: ended ones by their end line, the current one up to now when alive,
-    else up to the last sign of life (heartbeat) when known."""
+    else up to the last sign of life (heartbeat) when known. `now` and `last_alive_at` are on the wrapper's clock
+    (wrapper_clock); now None: the current attempt's time so far is not known."""
     total = 0.0
     for number, slot in attempt_records(attempts).items():
         start = to_epoch((slot["start"] or {}).get("started_at"))
@@ -236,8 +391,8 @@ def wall_seconds(attempts, now, current=None, alive=False, last_alive_at=None):
             continue
         end = to_epoch((slot["end"] or {}).get("ended_at"))
         if end is None:
-            if number == current and alive:
-                end = now
+            if number == current and alive and now is not None:
+                end = max(start, now)
             elif last_alive_at is not None and number == current:
                 end = max(start, last_alive_at)
             else:
@@ -424,8 +579,14 @@ def _reconcile(facts):
                                                             spike["median"], SPIKE_WINDOW),
                                     step=spike["step"], value=spike["value"]))
 
+    clock_now, last_alive_at = wrapper_clock(facts, attempt, now)
+    attempt_started = to_epoch(start.get("started_at"))
+    if alive and clock_now is not None and attempt_started is not None:
+        warning = no_progress_warning(scan, clock_now - attempt_started, job.get("log_patterns"))
+        if warning:
+            warnings.append(warning)
+
     if alive:
-        attempt_started = to_epoch(start.get("started_at"))
         log_age = facts.get("log_age_s")
         if log_age is None and attempt_started is not None:
             log_age = now - attempt_started
@@ -444,12 +605,9 @@ def _reconcile(facts):
         elif quiet_log and idle is False:
             warnings.append("the log is quiet but a GPU is busy: not counted as a stall")
 
-    last_alive_at = None
-    if facts.get("heartbeat_age_s") is not None:
-        last_alive_at = now - facts["heartbeat_age_s"]
     if exit_current and to_epoch(exit_current.get("ended_at")) is not None:
         last_alive_at = to_epoch(exit_current.get("ended_at"))
-    elapsed = wall_seconds(attempts, now, attempt, alive, last_alive_at)
+    elapsed = wall_seconds(attempts, clock_now, attempt, alive, last_alive_at)
     doc["elapsed_s"] = _round(elapsed) if records else None
     price = job.get("price_per_hour")
     if isinstance(price, (int, float)) and not isinstance(price, bool) and records:

@@ -408,10 +408,6 @@ def cgroup_oom_kills():
     return None
 
 
-# the step and loss patterns the wrapper reads from job.log unless rgt_job.log_patterns names others
-DEFAULT_LOG_PATTERNS = {"step": r"step[=: ]\s*(\d+)", "loss": r"loss[=: ]\s*([-+0-9.eEnaNinfINF]+)"}
-
-
 def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hook, grace_s, launched_at=None):
     """The run's .rgt/job.json (the wrapper's whole input, docs/internals.md "Run spine"), one home for every
     launcher: the launch module on a box and the Kubernetes stage (built on the controller, installed by
@@ -420,8 +416,6 @@ def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hoo
     OMP_NUM_THREADS or None, `secrets_file` the file bash sources or None, `launched_at` an ISO time (default now).
     Pure: nothing is read or written."""
     checkpoint = job.get("checkpoint") or {}
-    patterns = dict(DEFAULT_LOG_PATTERNS)
-    patterns.update(job.get("log_patterns") or {})
     return {
         "schema": 1,
         "run_id": paths.run_id,
@@ -437,7 +431,9 @@ def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hoo
         "grace_s": grace_s,
         "ckpt_glob": checkpoint.get("glob") or "*",
         "outputs": list(job.get("outputs") or []),
-        "log_patterns": patterns,
+        # the job's own regexes only: the status reads job.log with rgt_reconcile's built-in rules where none is set
+        "log_patterns": dict(job.get("log_patterns") or {}),
+        "metrics": job.get("metrics"),
         "expected_duration_s": job.get("expected_duration_s"),
         "price_per_hour": job.get("price_per_hour"),
         "heartbeat_interval_s": job.get("heartbeat_interval_s") or 5,

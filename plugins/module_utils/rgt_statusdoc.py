@@ -204,7 +204,7 @@ def collect_history(paths, job, attempts, max_bytes):
     log_text, log_partial = read_tail(paths.log, max_bytes)
     gpu_text, gpu_partial = read_tail(paths.gpu, max_bytes)
     return rgt_history.build(log_text, log_partial, gpu_text, gpu_partial, attempts,
-                             (job or {}).get("log_patterns"))
+                             (job or {}).get("log_patterns"), (job or {}).get("metrics"))
 
 
 # ---------------------------------------------------------------- arguments

@@ -39,7 +39,7 @@ options:
   job:
     description:
       - The job spec (C(rgt_job)). Used keys - C(command) (required), C(python) (absolute interpreter path,
-        required; runs the wrapper too), C(env), C(checkpoint.glob), C(outputs), C(log_patterns),
+        required; runs the wrapper too), C(env), C(checkpoint.glob), C(outputs), C(log_patterns), C(metrics),
         C(expected_duration_s), C(price_per_hour), C(auto_resume), C(heartbeat_interval_s),
         C(gpu_sample_interval_s), C(stall_after_s), C(slurm) (detach sbatch - partition, gres, cpus_per_task, mem,
         time, account, qos, requeue, extra). Other keys are ignored.

@@ -6,6 +6,10 @@ relaunches it (auto_resume); `rgt-run pull` seals, pulls, verifies and writes th
 is opened in a real headless browser (Debian's chromium). A local HTTP receiver stands in for Slack: it must get
 exactly one message per transition across three watch runs, and the webhook URL (a secret) must appear in no output
 and no file, here or on the box.
+
+The box's clock is a day behind the controller's: every `rgt-run` of the scenario runs under libfaketime a day
+ahead (LD_PRELOAD on the controller only: the box, reached over ssh, keeps its own clock). The cost and the wall
+time must still be the box's minutes, never the day between the clocks.
 """
 
 import http.server
@@ -30,6 +34,8 @@ BOX_RUNS = "/workspace/rgt/active"
 SECRET = "XOXB-SECRET-7f3a9c"
 PRICE = 3.6
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)  # Debian's libfaketime
+DAY = 86400
 
 pytestmark = [
     pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
@@ -89,8 +95,10 @@ def lab(tmp_path, stub_fleet):
            "notify": [{"webhook_env": "RGT_TEST_WEBHOOK", "on": ["running", "preempted", "finished", "attention"]},
                       {"command": f"printf '%s\\n' \"$RGT_NOTIFY_EVENT\" >> {events}", "on": ["finished"]}]}
     env = {"RGT_TEST_WEBHOOK": receiver.url, "RGT_RUNS_DIR": str(tmp_path / "runs")}
+    if FAKETIME is not None:  # the controller a day ahead of the box: the same skew as a box a day behind
+        env.update(LD_PRELOAD=str(FAKETIME), FAKETIME="+1d")
     yield {"tmp": tmp_path, "stub": stub, "fleet": stub_fleet, "job": job, "run_dir": f"{BOX_RUNS}/{RUN_ID}",
-           "env": env, "receiver": receiver, "events": events, "runs": tmp_path / "runs"}
+           "env": env, "receiver": receiver, "events": events, "runs": tmp_path / "runs", "skewed": bool(FAKETIME)}
     receiver.shutdown()
     stub.exec(["bash", "-c", f"pkill -f '[r]gt/active/{RUN_ID}' || true"], check=False)
 
@@ -151,6 +159,8 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     finished = receiver.messages[-1]["doc"]["text"]
     assert finished.startswith(f"rgt: rp {RUN_ID} finished (attempt 2)")
     assert "1/1 finished; 1 preemption" in finished and "so far" in finished
+    so_far = float(re.search(r"\$([0-9.]+) so far", finished).group(1))
+    assert so_far < PRICE * 600 / 3600, f"minutes of the box's time, not the day between the clocks: {finished}"
 
     log = on_box(lab, f"cat {run_dir}/logs/job.log")
     last1, steps2 = max(steps_of(log, 1)), steps_of(log, 2)
@@ -163,6 +173,8 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     html_path = lab["runs"] / RUN_ID / "report.html"
     assert pull.doc["hosts"]["rp"]["report"] == str(html_path) and html_path.is_file(), pull.stderr
     assert f"report: {html_path}" in pull.stderr
+    pulled = read_json(lab["runs"] / RUN_ID / "rp.report.json")["facts"]  # the pull's report, from watch's status
+    assert pulled["idle_after_end_s"] < 600 and pulled["cost"] < PRICE * 900 / 3600, pulled
 
     # the report command itself (the same data, fetched again in the status round trip)
     res = subprocess.run([*REPORT, "-i", inv, "--run", RUN_ID, "--json"], capture_output=True, text=True,
@@ -187,6 +199,11 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert facts["wall_s"] == pytest.approx(wall)
     assert facts["attempts_cost"] == pytest.approx(PRICE * wall / 3600, abs=1e-4)
     assert facts["cost"] > facts["attempts_cost"] and facts["idle_after_end_s"] > 0, "the box bills after the end"
+    # one clock per duration: the box's end to its collected_at, then the controller's own time since the document
+    # arrived; a minute or so here, never the day between the two clocks
+    assert facts["idle_after_end_s"] < 600, facts["idle_after_end_s"]
+    assert facts["cost"] == pytest.approx(facts["attempts_cost"] + PRICE * facts["idle_after_end_s"] / 3600, abs=1e-3)
+    assert abs(facts["clock_offset_s"] - (DAY if lab["skewed"] else 0)) < 60, facts["clock_offset_s"]
     marker = read_json(lab["runs"] / RUN_ID / "rp.PULL_VERIFIED.json")
     # the log is part of the result: pulled beside the outputs, both attempts' lines, in the manifest
     pulled = lab["runs"] / RUN_ID / "rp"
@@ -199,6 +216,9 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert [p for p in listed if p.startswith("logs/")] == [f"logs/{n}" for n in logs]
     assert facts["verified"]["files"] == marker["files"] == 3 + len(logs)
     assert facts["verified"]["bytes"] == marker["bytes"]
+
+    page = html_path.read_text()
+    assert ('data-k="clock_offset_h">-24.00 h<' in page) is lab["skewed"], "the page names a skewed box clock"
 
     # a real browser: the page renders, every image loads, the numbers shown are the ledger's
     if CHROMIUM is None:
@@ -222,11 +242,11 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
     assert [float(v) for v in shown("attempt_cost")] == pytest.approx([a1["cost"], a2["cost"]], abs=1e-4)
     assert float(shown("cost")[0]) == pytest.approx(facts["cost"], abs=1e-4)
     assert float(shown("attempts_cost")[0]) == pytest.approx(PRICE * wall / 3600, abs=1e-4)
-    assert 'data-plot="loss"' in dom and 'data-plot="attempts"' in dom
+    assert 'data-plot="steps"' in dom and 'data-plot="time"' in dom
     assert 'href="rp/logs/job.log"' in dom and 'href="rp/logs/attempts.jsonl"' in dom  # relative to the page
 
     # a report that cannot be written never fails a verified pull: a warning, the pull's own exit code
-    blocker = lab["runs"] / RUN_ID / "report-rp-loss.png"
+    blocker = lab["runs"] / RUN_ID / "report-rp-steps.png"
     blocker.unlink()
     blocker.mkdir()
     again = call("pull", "-i", inv, "--runs-dir", lab["runs"], "--json", timeout=240)
@@ -242,6 +262,8 @@ def test_a_preempted_run_is_watched_pulled_and_reported_with_one_message_per_tra
             if path.is_file():
                 assert SECRET.encode() not in path.read_bytes(), path
     assert on_box(lab, f"grep -rl {SECRET} {run_dir} /tmp 2>/dev/null || true").strip() == "", "not on the box"
+    if not lab["skewed"]:
+        pytest.skip("libfaketime is not installed (apt-get install libfaketime): the clock-skew part did not run")
 
 
 def html_unescape(text):
@@ -275,3 +297,21 @@ def test_a_webhook_url_pasted_where_its_variable_name_goes_is_refused_and_never_
     assert res.rc == 2 and res.doc["field"] == "rgt_job.notify[0].webhook_env"
     assert "NAME of an environment variable" in res.doc["error"]
     assert "SECRETPART" not in res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("metrics", {"eval_loss": "eval_loss=(["}, ["rgt_job.metrics.eval_loss", "regex"]),
+    ("metrics", {"eval loss": "x=(\\d+)"}, ["rgt_job.metrics", "eval loss"]),
+    ("log_patterns", {"loss": "loss=(["}, ["rgt_job.log_patterns.loss", "regex"]),
+])
+def test_a_log_pattern_or_metric_that_is_no_regex_is_refused_before_anything_runs(tmp_path, rgt, field, value,
+                                                                                  words):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "rgt_profile": "local", "rgt_instance_id": "localhost",
+        "rgt_durable_root": str(tmp_path / "d"), "rgt_job": {"name": "x", field: value}}}}}))
+    res = rgt("report", "-i", inv, "--json", timeout=60)
+    assert res.rc == 2, res.stdout + res.stderr
+    assert res.doc["field"] == words[0] and all(w in res.doc["error"] for w in words[1:]), res.doc
+    assert not (tmp_path / "d").exists() and not (rgt.ledger / "status").exists()

@@ -332,3 +332,214 @@ def test_wrapper_style_records_iso_times_and_noted_dead_attempts():
     now = rc.to_epoch("2027-01-15T09:30:00Z")
     doc = rc.reconcile(facts(now=now, attempts=attempts, pid={"wrapper_pid": 1, "attempt": 2, "incarnation": INC}))
     assert doc["state"] == "running" and doc["elapsed_s"] == pytest.approx(1800)
+
+
+# ---------------------------------------------------------------- the common trainers' log formats
+# Lines in the formats the trainers write (HF Trainer's ProgressCallback: a tqdm bar redrawn with \r and the
+# logs dict written above it; PyTorch Lightning's TQDMProgressBar; plain key=value, key: value and JSON lines).
+
+HF_TRAINER = (
+    "***** Running training *****\n  Num examples = 2,000\n  Num Epochs = 1\n"
+    "  Total optimization steps = 500\n  Number of trainable parameters = 124,439,808\n"
+    "  0%|          | 0/500 [00:00<?, ?it/s]\r  1%|          | 5/500 [00:01<02:10,  3.80it/s]"
+    "\r  2%|▏         | 10/500 [00:02<02:08,  3.81it/s]\r                                        \r"
+    "{'loss': 2.3456, 'grad_norm': 3.1415, 'learning_rate': 4.9e-05, 'epoch': 0.02}\n"
+    "\r  2%|▏         | 10/500 [00:02<02:08,  3.81it/s]\r  4%|▍         | 20/500 [00:05<02:05,  3.82it/s]"
+    "\r                                        \r{'loss': 1.9876, 'grad_norm': 2.5, 'learning_rate': 4.8e-05, "
+    "'epoch': 0.04}\n"
+    "\r  0%|          | 0/25 [00:00<?, ?it/s]\r 40%|████      | 10/25 [00:00<00:00, 40.1it/s]"
+    "\r100%|██████████| 25/25 [00:00<00:00, 41.0it/s]\r                                        \r"
+    "{'eval_loss': 1.7654, 'eval_runtime': 0.61, 'eval_samples_per_second': 327.9, 'epoch': 0.04}\n"
+    "\r  4%|▍         | 20/500 [00:06<02:05,  3.82it/s]\r  5%|▌         | 25/500 [00:07<02:04,  3.82it/s]\n"
+)
+HF_SUMMARY = ("{'train_runtime': 130.2, 'train_samples_per_second': 15.36, 'train_steps_per_second': 3.84, "
+              "'train_loss': 0.7321, 'epoch': 1.0}\n")
+HF_RESUMED = (
+    "  Continuing training from checkpoint, will skip to saved global_step\n"
+    "  Continuing training from epoch 0\n  Continuing training from global step 135\n"
+    "  Will skip the first 0 epochs then the first 135 batches in the first epoch.\n"
+)
+LIGHTNING = (
+    "Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 20.1it/s]\n"
+    "Epoch 0:  50%|█████     | 50/100 [00:05<00:05,  9.87it/s, v_num=0, train_loss=0.512]\r"
+    "Epoch 0: 100%|██████████| 100/100 [00:10<00:00,  9.90it/s, v_num=0, train_loss=0.401]\r"
+    "Validation DataLoader 0:  40%|████      | 4/10 [00:00<00:00, 20.00it/s]\n"
+    "Epoch 1:  30%|███       | 30/100 [00:03<00:07,  9.91it/s, v_num=0, train_loss_step=0.333, val_loss=0.420, "
+    "train_loss_epoch=0.455]\n"
+)
+PLAIN = [
+    ("step=10 loss=0.5000", 10, 0.5),
+    ("Step 100 | loss: 0.2500 | lr: 1e-04", 100, 0.25),
+    ("iter 300 loss 0.2", 300, 0.2),
+    ("Iteration 400: loss=tensor(0.1500, device='cuda:0')", 400, 0.15),
+    ('{"step": 10, "loss": 0.5, "lr": 0.001}', 10, 0.5),
+    ("{'loss': 1.23, 'step': 100}", 100, 1.23),
+    ("[global_step=7] train/loss: 3.5", 7, 3.5),
+    ("step: 12 loss: NaN", 12, float("nan")),
+]
+RESUME_LINES = [
+    "Resuming from global_step=135",
+    "loaded checkpoint /ckpt/model.pt at step 135",
+    "Restoring states from the checkpoint path at /ckpt/epoch=0-step=135.ckpt",
+    "resumed from /r/ckpt/step_00000020.ckpt at step=20",
+    "Loading checkpoint shards: 100%|██████████| 2/2 [00:03<00:00,  1.52s/it]",
+]
+
+
+def read_all(text, patterns=None, metrics=None):
+    reader = rc.LogReader(patterns, metrics)
+    return [(line, *reader.read(line), reader.step) for line in text.splitlines()], reader
+
+
+def test_hf_trainer_steps_come_from_its_training_bar_and_its_losses_from_the_dict_lines():
+    scan = rc.scan_log(HF_TRAINER)
+    assert scan["step"] == 25 and scan["loss"] == pytest.approx(1.9876) and scan["lines_with_loss"] == 2
+    rows, _reader = read_all(HF_TRAINER)
+    losses = [(step, loss) for _line, _s, loss, _m, step in rows if loss is not None]
+    assert losses == [(10, pytest.approx(2.3456)), (20, pytest.approx(1.9876))]
+    evals = [(step, dict(values)) for _line, _s, _loss, values, step in rows
+             if any(n == "eval_loss" for n, _ in values)]
+    assert evals == [(20, {"eval_loss": pytest.approx(1.7654)})], "the evaluation bar's 25/25 is no training step"
+    lrs = [dict(values)["lr"] for _line, _s, _loss, values, _step in rows if any(n == "lr" for n, _ in values)]
+    assert lrs == [pytest.approx(4.9e-05), pytest.approx(4.8e-05)]
+    assert rc.scan_log(HF_TRAINER + HF_SUMMARY)["loss"] == pytest.approx(1.9876), "the run's mean is no loss"
+
+
+def test_lightning_bars_count_steps_across_epochs_and_skip_validation_and_sanity_bars():
+    rows, _reader = read_all(LIGHTNING)
+    seen = [(step, loss, dict(values)) for _line, step, loss, values, _latest in rows if step is not None]
+    assert seen == [(50, pytest.approx(0.512), {}), (100, pytest.approx(0.401), {}),
+                    (130, pytest.approx(0.333), {"eval_loss": pytest.approx(0.42)})]
+    assert rc.scan_log(LIGHTNING)["step"] == 130
+
+
+@pytest.mark.parametrize("line,step,loss", PLAIN)
+def test_key_value_and_json_styles(line, step, loss):
+    (row,), _reader = read_all(line)
+    assert row[1] == step
+    assert row[2] == pytest.approx(loss, nan_ok=True)
+
+
+@pytest.mark.parametrize("line", RESUME_LINES + HF_RESUMED.splitlines())
+def test_a_resume_or_load_message_is_not_progress(line):
+    (row,), _reader = read_all(line)
+    assert row[1:4] == (None, None, []), line
+
+
+def test_config_lines_and_other_keys_are_not_taken_for_step_or_loss():
+    text = ("max_steps=500 warmup_steps=10 logging_steps=5\n  Total optimization steps = 500\n"
+            "loss_scale: 65536\neval_loss=0.3 val/loss: 0.2\nMap: 100%|██████████| 1000/1000 [00:00<00:00, "
+            "9000.00 examples/s]\n"
+            "== rgt attempt 2 started 2027-01-01T00:00:00Z resume_from=/r/ckpt/step_00000100.ckpt\n")
+    scan = rc.scan_log(text)
+    assert scan["step"] is None and scan["loss"] is None
+
+
+def test_the_resume_step_is_not_the_status_step_after_a_relaunch():
+    tail = ("== rgt attempt 2 started 2027-01-01T00:02:00Z resume_from=/r/ckpt/step_135.ckpt\n"
+            "Resuming from global_step=135\n")
+    doc = rc.reconcile(facts(log_tail=tail, attempts=[start(1), end(1, reason="preempted"), start(2)],
+                             pid={"wrapper_pid": 1, "job_pid": 2, "attempt": 2, "incarnation": INC}))
+    assert doc["step"] is None
+    assert rc.reconcile(facts(log_tail=tail + "step=136 loss=0.3\n", attempts=[start(1), end(1), start(2)],
+                              pid={"wrapper_pid": 1, "attempt": 2, "incarnation": INC}))["step"] == 136
+
+
+def test_the_jobs_own_patterns_replace_the_built_in_rules_and_old_job_json_defaults_do_not():
+    own = {"step": r"it (\d+)", "loss": r"train_loss: (\S+)"}
+    assert rc.scan_log("step=5 loss=0.1\nit 7 | train_loss: 0.3\n", own)["step"] == 7
+    assert rc.scan_log("step=5 loss=0.1\n", own)["loss"] is None
+    # job.json written before the built-in rules spelled the old defaults out: they mean "the built-in rules"
+    assert rc.scan_log(HF_TRAINER, dict(rc.LEGACY_PATTERNS))["step"] == 25
+    assert rc.scan_log("Resuming from step=135\n", {"step": r"step=(\d+)"})["step"] is None
+
+
+def test_metrics_are_the_jobs_declared_ones_else_eval_loss_and_lr():
+    assert [name for name, _rule in rc.metric_rules()] == ["eval_loss", "lr"]
+    assert rc.metric_rules({}) == []
+    declared = rc.metric_rules({"tok_s": r"tokens/s[=:] *([0-9.]+)"})
+    assert [name for name, _rule in declared] == ["tok_s"]
+    (row,), _reader = read_all("step=3 tokens/s=1234.5 lr=0.1", metrics={"tok_s": r"tokens/s[=:] *([0-9.]+)"})
+    assert row[3] == [("tok_s", 1234.5)]
+
+
+# ---------------------------------------------------------------- a log the rules do not read
+
+def test_a_running_job_whose_log_shows_no_step_or_loss_after_five_minutes_gets_one_warning():
+    tail = "".join("epoch 1 batch %d: 0.5 (%.1f samples/s)\n" % (i, 100.0 + i) for i in range(200))
+    early = rc.reconcile(facts(log_tail=tail, attempts=[start(at=NOW - 120)]))
+    assert not [w for w in early["warnings"] if "no step" in w]
+    doc = rc.reconcile(facts(log_tail=tail, attempts=[start(at=NOW - 360)]))
+    assert doc["state"] == "running" and doc["attention"] == [], "a warning, not attention"
+    (warning,) = [w for w in doc["warnings"] if "seen in logs/job.log" in w]
+    assert warning.startswith("no step/loss seen in logs/job.log after 6 min: set rgt_job.log_patterns")
+    only_loss = rc.reconcile(facts(log_tail="step=%d\n" * 3 % (1, 2, 3), attempts=[start(at=NOW - 400)]))
+    (warning,) = [w for w in only_loss["warnings"] if "seen in logs/job.log" in w]
+    assert warning.startswith("no loss seen in logs/job.log after 6 min (steps were seen, the latest 3): set "
+                              "rgt_job.log_patterns.loss to a regex")
+    own = rc.reconcile(facts(log_tail="step=1 loss=0.4\n", attempts=[start(at=NOW - 400)],
+                             job=job(log_patterns={"loss": r"train_loss=(\S+)"})))
+    assert any("rgt_job.log_patterns.loss matches no line" in w for w in own["warnings"])
+
+
+def test_no_warning_for_a_job_that_shows_progress_an_empty_log_or_a_run_that_ended():
+    assert not [w for w in rc.reconcile(facts(attempts=[start(at=NOW - 900)]))["warnings"] if "seen in logs" in w]
+    empty = rc.reconcile(facts(log_tail="", attempts=[start(at=NOW - 900)]))
+    assert not [w for w in empty["warnings"] if "seen in logs" in w], "a quiet log is the stall check's"
+    ended = rc.reconcile(finished_facts(log_tail="hello\n" * 50))
+    assert not [w for w in ended["warnings"] if "seen in logs" in w]
+
+
+# ---------------------------------------------------------------- one clock
+
+def test_under_slurm_the_running_attempts_time_is_the_wrappers_own_not_the_login_nodes():
+    """The status is read on the login node; the wrapper runs on a compute node whose clock is a day behind."""
+    compute_start = NOW - 86400 - 600
+    slurm = {"job_id": "7", "known": True, "error": None, "state": "RUNNING", "reason": None, "exit_rc": 0,
+             "exit_signal": 0, "restarts": 0, "time_limit": "01:00:00", "run_time": "00:10:00", "nodes": "c1"}
+    doc = rc.reconcile(facts(attempts=[start(at=compute_start, detach="sbatch")], wrapper_alive=False,
+                             job_alive=False, slurm=slurm, heartbeat_age_s=3.0,
+                             heartbeat={"ts": compute_start + 597, "attempt": 1, "job_alive": True}))
+    assert doc["state"] == "running"
+    assert doc["elapsed_s"] == pytest.approx(597) and doc["cost_so_far"] == pytest.approx(2.0 * 597 / 3600, abs=1e-4)
+
+
+def test_the_box_side_status_document_of_a_job_whose_log_the_rules_do_not_read_warns_once(tmp_path):
+    """rgt_statusdoc on a real run layout: job.json as the launch writes it (rgt_runlayout.job_document, no
+    log_patterns in the spec: the built-in rules), a live process as the wrapper, an attempt 6 minutes old and a
+    log in a format no rule reads."""
+    import os
+    import subprocess
+    import time
+
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_statusdoc
+
+    paths = rl.RunPaths(str(tmp_path), "rgt", "quiet")
+    for directory in (paths.meta, paths.logs, paths.ckpt, paths.out):
+        os.makedirs(directory)
+    spec = {"name": "quiet", "command": "python train.py", "price_per_hour": 2.0}
+    doc = rl.job_document(paths, spec, paths.code_dir("abcd1234"), None, "/usr/bin/python3", None, {}, None, 30)
+    assert doc["log_patterns"] == {} and doc["metrics"] is None, "job.json names the job's own patterns only"
+    rl.atomic_write_json(paths.job, doc)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        inc = rl.incarnation()
+        rl.atomic_write_json(paths.pid, {"wrapper_pid": sleeper.pid, "job_pid": sleeper.pid, "pgid": sleeper.pid,
+                                         "attempt": 1, "incarnation": inc})
+        rl.atomic_write_json(paths.heartbeat, {"ts": time.time(), "attempt": 1, "job_alive": True})
+        rl.append_jsonl(paths.attempts, {"attempt": 1, "started_at": time.time() - 360, "resume_from": "",
+                                         "incarnation": inc, "detach": "nohup"})
+        with open(paths.log, "w") as handle:
+            handle.write("== rgt attempt 1 started x resume_from=none\n" + "".join(
+                "epoch 1 batch %d: 0.5 (%.1f samples/s) lr=%g\n" % (i, 100.0 + i, 1e-3) for i in range(100)))
+        status = rgt_statusdoc.status_document({"durable_root": str(tmp_path), "project": "rgt", "run_id": "quiet"})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert status["state"] == "running" and status["attention"] == []
+    assert [w for w in status["warnings"] if "seen in logs/job.log" in w] == [
+        "no step/loss seen in logs/job.log after 6 min: set rgt_job.log_patterns (a regex with one group each for "
+        "the step and the loss your job prints; docs/job-spec.md)"]
+    assert status["cost_so_far"] == pytest.approx(2.0 * 360 / 3600, abs=2e-3)
+    assert status["history"]["metrics"] == {}, "a value without any step to put it at is no point"
