@@ -496,12 +496,13 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
     if not args.follow:
         if sources:
             sshround.bundle()  # once, before the threads start
-            with ThreadPoolExecutor(max_workers=min(sshround.MAX_PARALLEL, len(sources))) as pool:
-                opened = list(pool.map(open_log, sources))  # every host at once; printed host after host
-        else:
-            opened = []
-        for source, one in zip(sources, opened, strict=True):
-            results[source.host] = read_once(source, one, console, printer, args)
+            window = sshround.MAX_PARALLEL  # reads open at once: the host being printed and the next ones
+            with ThreadPoolExecutor(max_workers=min(window, len(sources))) as pool:
+                ahead = [pool.submit(open_log, s) for s in sources[:window]]  # all at once; printed in turn
+                for index, source in enumerate(sources):
+                    results[source.host] = read_once(source, ahead[index].result(), console, printer, args)
+                    if index + window < len(sources):
+                        ahead.append(pool.submit(open_log, sources[index + window]))
         for source, argv in clusters:
             if args.json:
                 source.lines = []
