@@ -1,7 +1,9 @@
 # PYTHON_ARGCOMPLETE_OK
 """`rgt-run`: a thin runner over ansible-runner. It validates input, runs phases, keeps the ledger, prints results.
 
-Human output goes to stderr; `--json` prints exactly one JSON document on stdout. Exit codes: see rgt.errors.
+A command's result (a table, a plan, a log) goes to stdout; progress, warnings, hints and errors go to stderr
+(rgt.output). `--json` prints exactly one JSON document on stdout, and the human rendering goes to stderr then.
+Exit codes: see rgt.errors.
 The command line: one argparse subparser per subcommand (COMMANDS, the one dispatch table), each built from the
 shared options (SHARED_OPTIONS, one definition, handed in as a parent parser). A first word that is no subcommand
 but names a playbook (`playbooks/train.yml`, `train.yml`, any playbook file) runs that playbook: the phases
@@ -23,7 +25,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from rgt import errors, jobspec, k8s, memory, paths, profiles, sweeps
+from rgt import errors, jobspec, k8s, memory, output, paths, profiles, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
@@ -139,7 +141,7 @@ SHARED_OPTIONS: dict[str, tuple[tuple[str, ...], dict]] = {
                                                     "JSON; repeatable, the last one wins"}),
     "limit": (("-l", "--limit"), {"metavar": "HOSTS", "help": "only these hosts or groups (comma-separated)"}),
     "json": (("--json",), {"action": "store_true",
-                           "help": "print one JSON document on stdout (messages stay on stderr)"}),
+                           "help": "print one JSON document on stdout (the tables and messages go to stderr)"}),
     "ledger": (("--ledger",), {"metavar": "DIR",
                                "help": "where rgt keeps its records of your runs (default $RGT_LEDGER or ./.rgt)"}),
     "verbose": (("-v", "--verbose"), {"action": "count", "default": 0,
@@ -281,7 +283,8 @@ def _subparser(sub, command: Command) -> argparse.ArgumentParser:
 
 TOP_DESCRIPTION = """\
 Deploy long GPU jobs on rented boxes, watch them, pull the results verified by SHA-256, and stop the meter only
-when nothing would be lost. Messages go to stderr; --json prints one JSON document on stdout.
+when nothing would be lost. Results (tables, plans, logs) go to stdout, messages to stderr; --json prints one
+JSON document on stdout (the tables then go to stderr).
 Exit codes: 0 ok, 1 failed, 2 bad input (nothing was touched), 3 refused by a safety gate, 4 a box unreachable,
 5 a run needs your attention."""
 
@@ -443,10 +446,8 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
             raise InputError(f"`rgt-run profiles list` takes no name (got {args.name!r})",
                              fix=f"rgt-run profiles show {args.name}", field="name")
         items = profiles.list_profiles()
-        if args.json:
-            emit({"command": "profiles", "profiles": [profiles.profile_as_json(x) for x in items]}, True)
-        else:
-            profiles.render_list(console)
+        profiles.render_list(output.results(args.json))
+        emit({"command": "profiles", "profiles": [profiles.profile_as_json(x) for x in items]}, args.json)
         return errors.OK
     if not args.name:
         raise InputError("`rgt-run profiles show` needs a profile name", fix="rgt-run profiles show runpod",
@@ -455,10 +456,8 @@ def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
         prof = profiles.load_profile(args.name)
     except profiles.ProfileError as exc:
         raise InputError(str(exc), fix=exc.fix, field=exc.field) from exc
-    if args.json:
-        emit({"command": "profiles show", "profile": profiles.profile_as_json(prof)}, True)
-    else:
-        profiles.render_show(console, prof)
+    profiles.render_show(output.results(args.json), prof)
+    emit({"command": "profiles show", "profile": profiles.profile_as_json(prof)}, args.json)
     return errors.OK
 
 
@@ -523,8 +522,9 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def main(argv: list[str] | None = None) -> int:
     """Every command's errors end here: one message, the fix, the exit code, and a JSON error doc with --json."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console = output.messages()
     as_json = "--json" in argv
+    output.set_json(as_json)  # stdout holds the JSON document only, whatever runs inside this command
     try:
         parser = None
         if "_ARGCOMPLETE" in os.environ:  # a shell completing: the whole parser, then argcomplete exits
@@ -574,6 +574,10 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
                            recalling=playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars)
     # a detach primitive not built yet: refused before any box
     profiles.check_launch(playbook.stem, hosts)
+    if not plan:  # rsync, ssh, kubectl: a missing one is named now, not as a play's failure on the box
+        from rgt.phases import check_controller_tools
+
+        check_controller_tools(playbook.stem, hosts)
     # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
     ssh_hosts = [h for h in hosts if not k8s.is_k8s(h.profile)]
     if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rgt.errors import RgtError
 from rgt.ledger import append_jsonl
 
 HOST_KEY_PATTERNS = ("Host key verification failed", "REMOTE HOST IDENTIFICATION HAS CHANGED",
@@ -73,6 +74,7 @@ class EventSink:
         self.hosts: dict[str, HostOutcome] = {}
         self.stats: dict = {}
         self._task_started = time.monotonic()
+        self.ledger_error: RgtError | None = None  # the event log could not be written (rgt.phases raises it after)
 
     def host(self, name: str) -> HostOutcome:
         return self.hosts.setdefault(name, HostOutcome())
@@ -133,5 +135,9 @@ class EventSink:
             self._say(f"  [yellow]warning[/yellow] {_scrub(event.get('stdout', '').strip())}")
         else:
             return True
-        append_jsonl(self.ledger_file, record)
+        if self.ledger_error is None:
+            try:
+                append_jsonl(self.ledger_file, record)
+            except RgtError as exc:  # a full disk: the play goes on (raising here would orphan it), reported after
+                self.ledger_error = exc
         return True

@@ -1,9 +1,11 @@
 """`rgt-run init`: a starter inventory and a commented job.yml in your own project, from a platform's facts.
 
-Writes `inventory/hosts.yml` (one box, with the platform's SSH user and port, a placeholder instance id to replace),
-`job.yml` (every field commented, paths relative to the file itself) and, when the project has neither a
-.rgtignore nor a .gitignore, a `.rgtignore` that keeps runs/ and inventory/ off the box, into the directory you
-name (default: here). It never overwrites: if a file exists, nothing is written and it says which.
+Writes `inventory/hosts.yml` (one box, with the platform's SSH user and port, a placeholder instance id to replace;
+for the kubernetes profile one cluster, reached with kubectl: rgt_kubeconfig and rgt_kube_context, no SSH),
+`job.yml` (every field commented, paths relative to the file itself; for kubernetes with its `k8s` block: the
+image, namespace, claim) and, when the project has neither a .rgtignore nor a .gitignore, a `.rgtignore` that
+keeps runs/ and inventory/ off the box, into the directory you name (default: here). It never overwrites: if a
+file exists, nothing is written and it says which. Then it prints the next steps for that platform.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from rgt import errors
+from rgt import errors, k8s
 from rgt.errors import InputError
 from rgt.ledger import atomic_write_bytes
 
@@ -32,9 +34,28 @@ def _yaml_line(value: object) -> str:
     return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("\n...")
 
 
+K8S_HOST = "cluster"  # the inventory host of a kubernetes project (docs/kubernetes.md)
+K8S_INVENTORY = """\
+# rgt inventory for one Kubernetes cluster (`rgt-run profiles show {name}`): no SSH, no box to pin. rgt-run runs
+# each run as a Job, applied with kubectl from this machine; the job spec (image, namespace, claim) is in ../job.yml.
+# Set rgt_instance_id to a name for this cluster (what `rgt-run teardown --confirm` asks for). kubectl's own
+# defaults apply unless you set them: the kubeconfig $KUBECONFIG or ~/.kube/config, and its current-context.
+---
+all:
+  hosts:
+    {host}:
+      rgt_profile: {name}
+      rgt_instance_id: CHANGE-ME-cluster-name
+      # rgt_kubeconfig: ~/.kube/config   # the cluster's kubeconfig (a path; credentials stay in it)
+      # rgt_kube_context: my-context     # a context of that kubeconfig
+"""
+
+
 def inventory_text(profile: dict) -> str:
     ssh = profile.get("ssh") or {}
     name = profile["name"]
+    if k8s.is_k8s(profile):
+        return K8S_INVENTORY.format(name=name, host=K8S_HOST)
     lines = [f"# rgt inventory for one {profile.get('title', name)} box (`rgt-run profiles show {name}`).",
              "# Add a host per box; the job spec is in ../job.yml (rgt-run ... -e @job.yml)."]
     if name == "local":
@@ -61,8 +82,11 @@ def job_text(profile: dict) -> str:
     interpreter = (profile.get("env_contract") or {}).get("interpreter")
     spot = bool((profile.get("spot") or {}).get("available"))
     roots = profile.get("roots") or {}
+    on_k8s = k8s.is_k8s(profile)
     out = [
         "# rgt job spec: every field is in docs/job-spec.md. Relative paths are relative to this file.",
+        f"# The claim mounted at {roots.get('durable')} keeps runs under {roots.get('durable')}/<project>/active/"
+        f"<run_id> ({profile['name']} profile; docs/kubernetes.md)." if on_k8s else
         f"# The box keeps runs under {roots.get('durable')}/<project>/active/<run_id> ({profile['name']} profile).",
     ]
     out += [f"# Beware: {clock}" for clock in profile.get("danger_clocks") or []]
@@ -70,12 +94,16 @@ def job_text(profile: dict) -> str:
         ("name", "my-run", "the run id: letters, digits, '.', '_', '-'; the same name is the same run"),
         ("command", "python train.py", "run from the shipped code dir, through bash, exactly as written"),
         ("python", interpreter or "/usr/bin/python3",
+         "the interpreter inside the image (the wrapper runs with it)" if on_k8s else
          "the interpreter on the box (never guessed)" + ("" if interpreter else ": check it with env_check")),
-        ("code_dir", ".", "shipped to the box (honours .rgtignore, else .gitignore)"),
+        ("code_dir", ".", "staged through a ConfigMap (under 900 KiB; honours .rgtignore), else bake it into the "
+                          "image and set k8s.workdir" if on_k8s else
+                          "shipped to the box (honours .rgtignore, else .gitignore)"),
         ("env", {}, "plain settings; secrets go in `secrets`"),
         ("secrets", [], "NAMES of environment variables here, e.g. [WANDB_API_KEY]; never values"),
-        ("gpu", {"count": 0 if profile["name"] == "local" else 1}, "what probe must find: count, min_memory_mib, "
-                                                                     "name"),
+        ("gpu", {"count": 0 if profile["name"] == "local" else 1},
+         "the pod's GPUs (its nvidia.com/gpu limit)" if on_k8s else "what probe must find: count, min_memory_mib, "
+                                                                    "name"),
         ("checkpoint", {"glob": "*"}, "complete checkpoints under $RGT_CKPT_DIR (load the newest from "
                                       "$RGT_RESUME_FROM)"),
         ("outputs", [], "files, directories or globs under $RGT_OUT_DIR that mean 'finished'"),
@@ -86,9 +114,24 @@ def job_text(profile: dict) -> str:
     out.append("rgt_job:")
     for key, value, comment in fields:
         out.append(f"  {key}: {_yaml_line(value)}".ljust(40) + f"  # {comment}")
-    out.append("  # data_dir: data                     # shipped once into <run>/data, resumable")
+    if on_k8s:
+        out += [f"{text.ljust(40)}  # {comment}" if comment else text for text, comment in K8S_JOB_BLOCK]
+    else:
+        out.append("  # data_dir: data                     # shipped once into <run>/data, resumable")
     out.append("  # expected_duration_s: 3600          # a finish in under half of it is flagged (set it once known)")
     return "\n".join(out) + "\n"
+
+
+# the job's Kubernetes Job (rgt_job.k8s, docs/kubernetes.md): what a first run needs, the rest commented out
+K8S_JOB_BLOCK = [
+    ("  k8s:", "the run's Kubernetes Job (docs/kubernetes.md)"),
+    ("    image: CHANGE-ME/train:tag", "the image is the env: pin it by digest (registry/name@sha256:...)"),
+    ("    pvc: {storage: 50Gi}", "the claim rgt makes for the durable root; or {claim_name: an existing one}"),
+    ("    # namespace: ml", "default: the kubeconfig context's"),
+    ("    # secret_name: train-secrets", "the Secret with one key per name in `secrets`"),
+    ("    # active_deadline_s: 86400", "the Job's walltime"),
+    ("    # tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]", ""),
+]
 
 
 IGNORE_TEXT = """\
@@ -97,6 +140,18 @@ runs/
 inventory/
 *.log
 """
+
+
+def next_steps(profile: dict, inv: Path, job: Path) -> list[str]:
+    """What to do after init, for this platform: commands that work on what init wrote, once it is edited."""
+    if profile["name"] == "local":
+        return [f"rgt-run lifecycle -i {inv} -e @{job}"]
+    if k8s.is_k8s(profile):  # no SSH: nothing to pin or probe; the plan shows the manifests, validated offline
+        return [f"edit {inv / 'hosts.yml'} (rgt_instance_id; rgt_kubeconfig / rgt_kube_context unless kubectl's "
+                f"defaults) and {job} (k8s.image, python, k8s.namespace)",
+                f"rgt-run train -i {inv} -e @{job} -C", f"rgt-run lifecycle -i {inv} -e @{job}"]
+    return [f"edit {inv / 'hosts.yml'} (address, port, instance id) and {job}", f"rgt-run pin -i {inv}",
+            f"rgt-run playbooks/probe.yml -i {inv}", f"rgt-run playbooks/train.yml -i {inv} -e @{job}"]
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -121,11 +176,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for path, text in targets.items():
         atomic_write_bytes(path, text.encode("utf-8"))
         console.print(f"wrote {path}")
-    inv = root / "inventory"
-    steps = ([f"rgt-run lifecycle -i {inv} -e @{root / 'job.yml'}"] if profile["name"] == "local" else
-             [f"edit {inv / 'hosts.yml'} (address, port, instance id) and {root / 'job.yml'}",
-              f"rgt-run pin -i {inv}", f"rgt-run playbooks/probe.yml -i {inv}",
-              f"rgt-run playbooks/train.yml -i {inv} -e @{root / 'job.yml'}"])
+    steps = next_steps(profile, root / "inventory", root / "job.yml")
     if (root / ".gitignore").exists() and not (root / ".rgtignore").exists():
         console.print(f"note: the code dir ships what {root / '.gitignore'} does not ignore: add runs/ and "
                       "inventory/ to it (or write a .rgtignore)")

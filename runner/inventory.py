@@ -417,3 +417,43 @@ def check_pins(inventory: str, hosts: list[Host]) -> None:
                 fix=f"run `rgt-run pin -i {inventory} --limit {host.name}` and compare the fingerprint with the "
                     "platform console, or add the line `<instance_id> <keytype> <key>` yourself",
                 field="rgt_instance_id")
+
+
+def render_vars(inventory: str, limit: str | None, extravars: dict, names: list[str], template: str) -> dict:
+    """{host: the value of `template` (a Jinja expression of the host's variables) as Ansible renders it for that
+    host}, for every host in `names`. One ad-hoc `debug` call: an action that runs on the controller and opens no
+    connection to any box (no facts are gathered), so it works on a box that is down. Nothing is left behind but
+    for a moment a scratch directory under $TMPDIR (the extra vars file, 0600). A host whose template does not
+    render is an InputError naming it."""
+    import tempfile
+
+    from rgt.errors import RgtError
+
+    with tempfile.TemporaryDirectory(prefix="rgt-render-") as scratch:
+        vars_file = Path(scratch) / "vars.json"
+        fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(extravars, handle, default=str)
+        tree = Path(scratch) / "tree"
+        cmd = ["ansible", "all", "-i", str(inventory), "-m", "ansible.builtin.debug",
+               "-a", json.dumps({"msg": template}), "-e", f"@{vars_file}", "--tree", str(tree), "-o"]
+        if limit:
+            cmd += ["--limit", limit]
+        env = {**ansible_env(), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RgtError(f"could not render the inventory's variables with Ansible: {exc}",
+                           fix="run `ansible-inventory -i INVENTORY --list` to see what Ansible makes of it") from exc
+        out: dict[str, dict] = {}
+        for name in names:
+            try:
+                doc = json.loads((tree / name).read_text())
+            except (OSError, ValueError):
+                doc = {}
+            if doc.get("failed") or not isinstance(doc.get("msg"), dict):
+                detail = str(doc.get("msg") or proc.stderr.strip() or "no result").splitlines()[0][:300]
+                raise InputError(f"host '{name}': its variables do not render: {detail}",
+                                 fix="fix the template in the inventory or the job spec", field="rgt_job")
+            out[name] = doc["msg"]
+    return out

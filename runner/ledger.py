@@ -1,15 +1,29 @@
-"""The local ledger under .rgt/: every write is atomic (tmp + fsync + rename + fsync dir)."""
+"""The local ledger under .rgt/: every write is atomic (tmp + fsync + rename + fsync dir).
+
+A write that the disk refuses (full, over quota, read-only, not permitted, over the file size limit) is one
+RgtError naming the file and the fix (exit 1), never a traceback, and leaves nothing half-written: an atomic
+write removes its temp file (the old record stays as it was), an append is cut back to where it started.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from rgt import paths
+from rgt.errors import RgtError
 
 _layout = paths.module_util("rgt_runlayout")
+_ledgers: set[Path] = set()  # the ledger dirs this process resolved: a refused write there names --ledger
+
+# why the disk refused a write, in the user's words; the others are named by their own strerror
+_WHY = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+        errno.EROFS: "the filesystem is read-only", errno.EACCES: "permission denied",
+        errno.EPERM: "the operation is not permitted", errno.EFBIG: "the file size limit of this process is reached"}
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def ledger_dir(explicit: str | None = None, make: bool = True) -> Path:
@@ -29,6 +43,7 @@ def ledger_dir(explicit: str | None = None, make: bool = True) -> Path:
     except OSError as exc:
         raise InputError(f"{source} {path} cannot be made: {exc.strerror}",
                          fix="point --ledger (or $RGT_LEDGER) at a writable directory", field="--ledger") from exc
+    _ledgers.add(path)
     return path
 
 
@@ -44,11 +59,35 @@ def runs_dir(explicit: str | None = None) -> Path:
     return path
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """The box's atomic write (module_utils rgt_runlayout.atomic_write: tmp + fsync + rename + fsync dir), for the
-    controller's files; the directory is made when absent."""
+def write_refused(path: Path, exc: OSError) -> RgtError:
+    """The one message for a write the disk refused: the file, why, and what to do (exit 1)."""
+    where = Path(path).parent
+    why = _WHY.get(exc.errno) or (exc.strerror or str(exc))
+    in_ledger = any(where == root or root in where.parents for root in _ledgers)
+    elsewhere = ("point --ledger (or $RGT_LEDGER) at a directory on another disk" if in_ledger
+                 else "write it to another directory")
+    if exc.errno in _NO_SPACE:
+        fix = f"free space on the disk that holds {where} (`df -h {where}`), or {elsewhere}"
+    elif exc.errno == errno.EFBIG:
+        fix = f"raise the file size limit (`ulimit -f unlimited`), or {elsewhere}"
+    else:
+        fix = f"make {where} writable for this user, or {elsewhere}"
+    return RgtError(f"could not write {path}: {why} ({exc.strerror or exc}); the file is left as it was",
+                    fix=f"{fix}; then run the same command again")
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _layout.atomic_write(str(path), data, mode)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """The box's atomic write (module_utils rgt_runlayout.atomic_write: tmp + fsync + rename + fsync dir), for the
+    controller's files; the directory is made when absent. A refused write is an RgtError (write_refused)."""
+    try:
+        _write(path, data, mode)
+    except OSError as exc:
+        raise write_refused(path, exc) from exc
 
 
 def cache_path(kind: str, name: str) -> Path:
@@ -62,7 +101,7 @@ def cache_put(path: Path, data: bytes, keep: int, mode: int = 0o644) -> None:
     cannot be written is no error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_bytes(path, data, mode=mode)
+        _write(path, data, mode)
         for old in sorted(path.parent.glob("*" + path.suffix), key=lambda p: p.stat().st_mtime, reverse=True)[keep:]:
             old.unlink(missing_ok=True)
     except OSError:
@@ -74,13 +113,34 @@ def atomic_write_json(path: Path, doc: Any) -> None:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    """Append one line and fsync it: an event log must survive the laptop lid closing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(record, sort_keys=True, default=str) + "\n"
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append one line and fsync it: an event log must survive the laptop lid closing. A refused write cuts the
+    file back to where it was (no half line) and is an RgtError (write_refused)."""
+    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:  # unbuffered: a short write is followed by the one that fails, nothing held back
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                _cut(fd, start)
+                raise
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise write_refused(path, exc) from exc
+
+
+def _cut(fd: int, size: int) -> None:
+    """Drop what a failed append left past `size` (a line the disk took only part of)."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass  # the file stays as the disk left it: a reader skips a cut last line (rgt_runlayout.read_jsonl)
 
 
 def read_json(path: Path) -> Any | None:

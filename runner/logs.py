@@ -6,19 +6,32 @@ By default the newest attempt is shown (from its marker line); `--all` shows eve
 lines of what would be shown. Attempt boundaries are marked. `-f` keeps streaming over the same multiplexed SSH
 connection until the run ends; when the link drops it says so, reconnects (backing off, capped) and resumes at the
 byte offset it has counted, so no line is shown twice. Several hosts: each line is prefixed with its host.
+
+A host whose connection or durable root is an Ansible template (the embedded local inventory, the one `rgt-run init
+--profile local` writes) has those values rendered by Ansible on this machine first (rgt.inventory.render_vars,
+no box contacted), then is read the same way.
+
+Memory stays bounded whatever the log holds: the log is read and printed in blocks as it arrives (the calls to all
+hosts start at once; each host's bytes wait in its pipe until its turn), and a line longer than LINE_CAP bytes is
+cut there, with a marker saying how many bytes were left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import select
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import IO
 
 from rich.console import Console
 
@@ -33,12 +46,24 @@ where it started; --all shows every attempt, --tail N only the last N lines. Att
 -f it keeps printing what the job writes until the run ends (Ctrl-C stops following; the job keeps running). If
 the connection drops while following, it says so, reconnects and carries on where it stopped, without repeating
 a line. With several boxes each line starts with the box's name. Terminal control sequences the job wrote
-(colours, cursor moves, window titles) are left out. On a Kubernetes host it is `kubectl logs` of
-the run's Job (the newest pod; --all is not served there).
+(colours, cursor moves, window titles) are left out. On a Kubernetes host it is `kubectl logs` of the run's Job
+(the newest pod; --all is not served there). A line longer than 64 KiB is cut there, marked.
 Exit codes: 3 a host key does not match its pin, else 1 a log could not be read, else 4 a box is unreachable,
 else 0."""
 BACKOFF_START_S = 1.0
 BACKOFF_CAP_S = 30.0
+LINE_CAP = 64 * 1024  # bytes of one log line shown; the rest is cut, marked with how many bytes were left out
+CUT_MARK = " [… {cut} more bytes of this line not shown]"
+CHUNK = 64 * 1024
+HEADER_CAP = 1 << 20  # the box's header line (JSON: path, offsets, attempt lines) is never longer
+STDERR_KEPT = 64 * 1024  # of a reader's stderr, read back for its message
+# the host variables a round is built from (rgt.sshround.target_for, rgt_statusdoc.params_from_vars): the ones
+# that are Ansible templates are rendered by Ansible before the round
+ROUND_VARS = ("ansible_connection", "ansible_host", "ansible_ssh_host", "ansible_user", "ansible_ssh_user",
+              "ansible_port", "ansible_ssh_port", "ansible_ssh_private_key_file", "ansible_private_key_file",
+              "ansible_ssh_common_args", "ansible_ssh_args", "ansible_python_interpreter", "rgt_known_hosts",
+              "rgt_durable_root", "rgt_project", "rgt_job", "monitor_durable_root", "monitor_project",
+              "monitor_run_id", "run_context_project", "run_context_run_id")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,30 +87,72 @@ class Source:
     params: dict
     prefix: str = ""
     offset: int | None = None
-    partial: bytes = b""
+    partial: bytes = b""  # the line being read, up to LINE_CAP bytes
+    cut: int = 0  # bytes of that line past LINE_CAP, left out
+    lines: list[str] | None = None  # --json: the lines are kept here for the document instead of printed
     header: dict = field(default_factory=dict)
 
 
-class Printer:
-    """Whole lines to stdout, one writer at a time; a line split across reads is held until it is complete."""
+def _whole_chars(raw: bytes) -> str:
+    """A line cut at LINE_CAP decoded without the half character the cut may leave at its end."""
+    for drop in range(4):
+        try:
+            return raw[:len(raw) - drop].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return raw.decode("utf-8", "replace")
 
-    def __init__(self, out=None):
+
+class Printer:
+    """Whole lines to stdout, one writer at a time; a line split across reads is held until it is complete, and a
+    line longer than `cap` bytes is cut (its first `cap` bytes are held, the rest only counted)."""
+
+    def __init__(self, out=None, cap: int = LINE_CAP):
         self.out = out or sys.stdout
+        self.cap = cap
         self.lock = threading.Lock()
 
+    def _take(self, source: Source, data: bytes, start: int, end: int) -> None:
+        room = self.cap - len(source.partial)
+        if room > 0:
+            source.partial += data[start:min(end, start + room)]
+        source.cut += max(0, end - start - max(room, 0))
+
     def feed(self, source: Source, data: bytes, final: bool = False) -> None:
-        buf = source.partial + data
-        lines = buf.split(b"\n")
-        source.partial = b"" if final else lines.pop()
-        if final and lines and lines[-1] == b"":
-            lines.pop()
+        done: list[tuple[bytes, int]] = []
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            self._take(source, data, start, nl)
+            done.append((source.partial, source.cut))
+            source.partial, source.cut = b"", 0
+            start = nl + 1
+        self._take(source, data, start, len(data))
+        if final and (source.partial or source.cut):
+            done.append((source.partial, source.cut))
+            source.partial, source.cut = b"", 0
+        if not done:
+            return
         with self.lock:
-            for raw in lines:
-                line = printable(raw.decode("utf-8", "replace"))  # the box's bytes: no terminal controls
-                if line.startswith("== rgt attempt "):
-                    line = boundary(line)
-                self.out.write(f"{source.prefix}{line}\n")
-            self.out.flush()
+            for raw, cut in done:
+                self.line(source, raw, cut)
+            if source.lines is None:
+                self.out.flush()
+
+    def line(self, source: Source, raw: bytes, cut: int = 0) -> None:
+        """The one place a log line is shown (or kept for --json): decoded, a cut line marked, a boundary drawn;
+        on the terminal without the terminal control sequences the box's bytes may hold."""
+        text = (_whole_chars(raw) if cut else raw.decode("utf-8", "replace")) + (CUT_MARK.format(cut=cut)
+                                                                                  if cut else "")
+        if source.lines is not None:
+            source.lines.append(text)
+            return
+        text = printable(text)
+        if text.startswith("== rgt attempt "):
+            text = boundary(text)
+        self.out.write(f"{source.prefix}{text}\n")
 
 
 def _stdin(source: Source, follow: bool) -> bytes:
@@ -116,30 +183,147 @@ def _note(console: Console, source: Source, header: dict, all_attempts: bool, ta
     console.print(f"{where}: {what}", highlight=False, markup=False)
 
 
-def fetch(source: Source) -> sshround.Answer:
-    return sshround.run_cached(source.target, _stdin(source, False))
+# ---------------------------------------------------------------- one reader process on a box
+
+@dataclass
+class Reader:
+    """One `op: log` call on a box, read as it streams: its stdout by blocks from the pipe (never all at once),
+    its stderr into a temp file (a box that writes much there cannot stall the call)."""
+    proc: subprocess.Popen
+    errfile: IO[bytes]
+    pending: bytes = b""  # read past the header line: the first bytes of the log
+    eof: bool = False
+    timed_out: bool = False
 
 
-def read_once(source: Source, answer: sshround.Answer, console: Console, printer: Printer,
+def start_reader(source: Source, follow: bool) -> Reader:
+    digest, _data = sshround.bundle()
+    command = sshround.RUN_CACHED.format(digest=digest, python=shlex.quote(source.target.python),
+                                         missing=sshround.MISSING_RC)
+    sshround._ensure_control_dir(source.target)
+    errfile = tempfile.TemporaryFile()
+    proc = subprocess.Popen(sshround.command_argv(source.target, command), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=errfile)
+    try:
+        proc.stdin.write(_stdin(source, follow))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it ended before reading (no cached zipapp, no connection): its exit status says why
+    return Reader(proc, errfile)
+
+
+def read_block(reader: Reader, timeout: float | None) -> bytes:
+    """The next block of the reader's stdout (b"" at its end); with `timeout`, a box silent that long is cut off."""
+    if reader.pending:
+        data, reader.pending = reader.pending, b""
+        return data
+    if reader.eof:
+        return b""
+    fd = reader.proc.stdout.fileno()
+    if timeout is not None and not select.select([fd], [], [], timeout)[0]:
+        reader.timed_out = True
+        reader.proc.kill()
+        data = b""
+    else:
+        data = os.read(fd, CHUNK)
+    reader.eof = not data
+    return data
+
+
+def read_header(reader: Reader, timeout: float | None) -> tuple[dict | None, bytes]:
+    """(the header, the bytes read for it): the box's first line; (None, what came) when it sent none."""
+    head = b""
+    while b"\n" not in head and len(head) <= HEADER_CAP:
+        data = read_block(reader, timeout)
+        if not data:
+            break
+        head += data
+    header, rest = _split(head)
+    if header is not None:
+        reader.pending = rest
+    return header, head
+
+
+def finish(reader: Reader) -> tuple[int, str]:
+    """(exit status, the start of its stderr) once the reader has ended (stopped when it is still sending)."""
+    if not reader.eof and reader.proc.poll() is None:
+        reader.proc.kill()
+    rc = reader.proc.wait()
+    reader.proc.stdout.close()
+    reader.errfile.seek(0)
+    err = reader.errfile.read(STDERR_KEPT).decode("utf-8", "replace")
+    reader.errfile.close()
+    if reader.timed_out:
+        return sshround.SSH_FAILED_RC, f"no answer within {sshround.ANSWER_TIMEOUT_S:.0f} s"
+    return rc, err
+
+
+@dataclass
+class Opened:
+    """A log read that has begun: the reader and the box's header, or the answer that says why there is none."""
+    reader: Reader | None = None
+    header: dict | None = None
+    answer: sshround.Answer | None = None
+
+
+def open_log(source: Source) -> Opened:
+    """Start the read of one host's log and take its header (the zipapp is shipped first when the box lacks it);
+    the log's bytes wait in the pipe until they are printed."""
+    shipped = False
+    while True:
+        reader = start_reader(source, False)
+        header, head = read_header(reader, sshround.ANSWER_TIMEOUT_S)
+        if header is not None:
+            return Opened(reader, header)
+        timed_out = reader.timed_out
+        rc, err = finish(reader)
+        if rc == sshround.MISSING_RC and not shipped:
+            digest, data = sshround.bundle()
+            answer = sshround.ship(source.target, digest, data)
+            if answer.rc != 0:
+                return Opened(answer=answer)
+            shipped = True
+            continue
+        return Opened(answer=sshround.Answer(rc, head, err, timed_out=timed_out))
+
+
+def read_once(source: Source, opened: Opened, console: Console, printer: Printer,
               args: argparse.Namespace) -> dict:
-    header, data = _split(answer.stdout)
+    header = opened.header
     if header is None:
-        outcome = sshround.classify(answer)
+        outcome = sshround.classify(opened.answer)
         if outcome.unreachable:
             doc = {"state": "unreachable", "error": outcome.error}
             if outcome.host_key_mismatch:
                 doc["host_key_mismatch"] = True
             return doc
         return {"state": "error", "error": outcome.error}
+    reader = opened.reader
     if not header.get("exists"):
+        finish(reader)
         return {"state": "error", "error": f"no log yet at {header.get('path')}", "path": header.get("path")}
-    if not args.json:
+    if args.json:
+        source.lines = []
+    else:
         _note(console, source, header, args.all_attempts, args.tail)
-        printer.feed(source, data, final=True)
-    text = data.decode("utf-8", "replace")
-    return {"state": "ok", "path": header.get("path"), "from_byte": header.get("offset"),
-            "to_byte": (header.get("offset") or 0) + len(data), "attempts": [m[1] for m in header["attempts"]],
-            "lines": text.splitlines()}
+    start = header.get("offset") or 0
+    sent = 0
+    while True:
+        data = read_block(reader, sshround.ANSWER_TIMEOUT_S)
+        if not data:
+            break
+        sent += len(data)
+        printer.feed(source, data)
+    printer.feed(source, b"", final=True)
+    rc, err = finish(reader)
+    doc = {"state": "ok", "path": header.get("path"), "from_byte": start, "to_byte": start + sent,
+           "attempts": [m[1] for m in header.get("attempts") or []]}
+    if source.lines is not None:
+        doc["lines"] = source.lines
+    if rc != 0:
+        doc.update(state="error", error=f"the log was read up to byte {start + sent}, then the reader ended with "
+                                        f"exit {rc}: {sshround.first_line(err) or 'no message'}")
+    return doc
 
 
 def follow(source: Source, console: Console, printer: Printer, args: argparse.Namespace, result: dict,
@@ -148,17 +332,9 @@ def follow(source: Source, console: Console, printer: Printer, args: argparse.Na
     delay = BACKOFF_START_S
     lost = None
     while True:
-        digest, data = sshround.bundle()
-        command = sshround.RUN_CACHED.format(digest=digest, python=shlex.quote(source.target.python),
-                                             missing=sshround.MISSING_RC)
-        sshround._ensure_control_dir(source.target)
-        proc = subprocess.Popen(sshround.command_argv(source.target, command), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        procs[source.host] = proc
-        proc.stdin.write(_stdin(source, True))
-        proc.stdin.close()
-        head = proc.stdout.readline()
-        header, _rest = _split(head)
+        reader = start_reader(source, True)
+        procs[source.host] = reader.proc
+        header, head = read_header(reader, None)
         if header is not None:
             source.header = header
             if source.offset is None:
@@ -170,31 +346,31 @@ def follow(source: Source, console: Console, printer: Printer, args: argparse.Na
                 lost = None
                 delay = BACKOFF_START_S
             while True:
-                chunk = proc.stdout.read1(64 * 1024)
+                chunk = read_block(reader, None)
                 if not chunk:
                     break
                 source.offset += len(chunk)
                 printer.feed(source, chunk)
-        stderr = proc.stderr.read().decode("utf-8", "replace")
-        rc = proc.wait()
+        rc, stderr_text = finish(reader)
         if rc == sshround.MISSING_RC and header is None:
+            digest, data = sshround.bundle()
             shipped = sshround.ship(source.target, digest, data)
             if shipped.rc == 0:
                 continue
-            stderr, rc = shipped.stderr, shipped.rc
+            stderr_text, rc = shipped.stderr, shipped.rc
         if header is not None and rc == 0:
             printer.feed(source, b"", final=True)
             result[source.host] = {"state": "ok", "path": header.get("path"), "to_byte": source.offset}
             return
         if header is None and rc == 1 and head.strip():
             result[source.host] = {"state": "error", "error": sshround.classify(
-                sshround.Answer(rc, head, stderr)).error}
+                sshround.Answer(rc, head, stderr_text)).error}
             return
-        if sshround.is_host_key_refusal(stderr):
+        if sshround.is_host_key_refusal(stderr_text):
             result[source.host] = {"state": "unreachable", "host_key_mismatch": True,
-                                   "error": sshround.first_line(stderr)}
+                                   "error": sshround.first_line(stderr_text)}
             return
-        reason = sshround.first_line(stderr) or (f"exit {rc}" if rc >= 0 else f"killed by signal {-rc}")
+        reason = sshround.first_line(stderr_text) or (f"exit {rc}" if rc >= 0 else f"killed by signal {-rc}")
         at = f"byte {source.offset}" if source.offset is not None else "the start"
         console.print(f"{source.host}: link lost ({printable(reason)}); reconnecting in {delay:.0f} s, resuming at "
                       f"{at}", highlight=False, markup=False)
@@ -214,6 +390,45 @@ def exit_code(results: dict) -> int:
     return errors.OK
 
 
+def _templated(value: object) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(_templated(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_templated(v) for v in value)
+    return False
+
+
+def rendered(args: argparse.Namespace, hosts: list, extravars: dict) -> list:
+    """`hosts`, each whose round values are Ansible templates (`{{ lookup('env', 'PWD') }}/.rgt/...`, `{{
+    inventory_dir }}`) with those values as Ansible renders them for it on this machine (rgt.inventory.render_vars:
+    no box contacted). The host's own values are rendered (a remembered job's too), and of rgt_job only the run id."""
+    from rgt.inventory import render_vars
+
+    todo: dict[str, dict] = {}
+    for host in hosts:
+        values = {k: host.vars[k] for k in ROUND_VARS if k != "rgt_job" and _templated(host.vars.get(k))}
+        job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
+        named = {k: job[k] for k in ("run_id", "name") if _templated(job.get(k))}
+        if named:
+            values["rgt_job"] = named
+        if values:
+            todo[host.name] = values
+    if not todo:
+        return hosts
+    names = sorted(todo)
+    done = render_vars(args.inventory, ",".join(names), {**extravars, "__rgt_logs_round": todo}, names,
+                       "{{ __rgt_logs_round[inventory_hostname] }}")
+    out = []
+    for host in hosts:
+        values = dict(done.get(host.name) or {})
+        if "rgt_job" in values:
+            values["rgt_job"] = {**host.vars["rgt_job"], **values["rgt_job"]}
+        out.append(dataclasses.replace(host, vars={**host.vars, **values}) if values else host)
+    return out
+
+
 def sources_for(args: argparse.Namespace, hosts: list, extravars: dict) -> list[Source]:
     layout = paths.module_util("rgt_runlayout")
     if args.run is not None:
@@ -224,13 +439,13 @@ def sources_for(args: argparse.Namespace, hosts: list, extravars: dict) -> list[
         raise InputError("--tail must be 0 or more", fix="--tail 100", field="--tail")
     cfg = sshround.ssh_config()
     out = []
-    for host in hosts:
+    for host in rendered(args, hosts, extravars):
         try:
             target = sshround.target_for(args.inventory, host, extravars, cfg)
             params = sshround.status_params(host)
         except ValueError as exc:
             raise InputError(f"host '{host.name}': {exc}", fix="`rgt-run logs` reaches a box over plain SSH (or "
-                             "runs locally): give literal connection values in the inventory", field=host.name) from exc
+                             "runs locally): give it an SSH connection in the inventory", field=host.name) from exc
         run_id = args.run or params["run_id"]
         problem = layout.check_name(run_id, "run id")
         if problem:
@@ -247,15 +462,20 @@ def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict 
     stdout there), streamed through the printer."""
     from rgt import k8s_engine
 
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errfile = tempfile.TemporaryFile()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errfile)
     if procs is not None:
         procs[source.host] = proc
-    for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):
+    for chunk in iter(lambda: proc.stdout.read1(CHUNK), b""):
         printer.feed(source, chunk)
     printer.feed(source, b"", final=True)
-    err = proc.stderr.read().decode("utf-8", "replace")
-    if proc.wait() == 0:
-        return {"state": "ok", "source": "kubectl logs"}
+    rc = proc.wait()
+    errfile.seek(0)
+    err = errfile.read(STDERR_KEPT).decode("utf-8", "replace")
+    errfile.close()
+    if rc == 0:
+        return {"state": "ok", "source": "kubectl logs", **({"lines": source.lines} if source.lines is not None
+                                                             else {})}
     exc = k8s_engine.failure(argv[argv.index("logs"):argv.index("logs") + 2], err)
     return {"state": "unreachable" if isinstance(exc, k8s_engine.ClusterUnreachable) else "error",
             "error": exc.message}
@@ -278,11 +498,18 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
     printer = Printer()
     results: dict[str, dict] = {}
     if not args.follow:
-        with ThreadPoolExecutor(max_workers=min(sshround.MAX_PARALLEL, len(sources) or 1)) as pool:
-            answers = list(pool.map(fetch, sources))  # all hosts at once; printed host after host
-        for source, answer in zip(sources, answers, strict=True):
-            results[source.host] = read_once(source, answer, console, printer, args)
+        if sources:
+            sshround.bundle()  # once, before the threads start
+            window = sshround.MAX_PARALLEL  # reads open at once: the host being printed and the next ones
+            with ThreadPoolExecutor(max_workers=min(window, len(sources))) as pool:
+                ahead = [pool.submit(open_log, s) for s in sources[:window]]  # all at once; printed in turn
+                for index, source in enumerate(sources):
+                    results[source.host] = read_once(source, ahead[index].result(), console, printer, args)
+                    if index + window < len(sources):
+                        ahead.append(pool.submit(open_log, sources[index + window]))
         for source, argv in clusters:
+            if args.json:
+                source.lines = []
             results[source.host] = kubectl_logs(source, argv, printer)
     else:
         procs: dict[str, subprocess.Popen] = {}

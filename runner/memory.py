@@ -2,9 +2,10 @@
 
 `<ledger>/runs/<host>.json` (atomic): {"schema": "rgt/runs/v1", "host", "instance_id", "runs": {"<project>/<run_id>":
 {"run_id", "project", "job" (the job spec as launched: names of secrets only, local paths absolute),
-"launched_at", "attempt", "state", "detach", "session", "code_dir" (on the box)}}}. Written after every train or
-launch play for each host whose launch reported a run; read by status, watch, pull and `rgt-run runs`. A job spec
-given on the command line or in the inventory still wins.
+"launched_at" (the newest attempt's launch), "first_launched_at" (the run's first), "attempt", "state", "detach",
+"session", "code_dir" (on the box)}}}. Written after every train or launch play for each host whose launch
+reported a run; read by status, watch, pull and `rgt-run runs`. A job spec given on the command line or in the
+inventory still wins.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def record_launch(ledger: Path, host: str, instance_id: str, project: str, job: 
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if doc["runs"][key]["launched_at"] is None:
         doc["runs"][key]["launched_at"] = doc["runs"][key]["recorded_at"]
+    # launched_at is the newest attempt's launch; the run started with its first one (`rgt-run runs`: started)
+    doc["runs"][key]["first_launched_at"] = (previous.get("first_launched_at") or previous.get("launched_at")
+                                             or doc["runs"][key]["launched_at"])
     atomic_write_json(_path(ledger, host), doc)
     return doc["runs"][key]
 

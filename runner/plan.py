@@ -21,17 +21,13 @@ No cluster is contacted. The run's staging ConfigMap is shown with its scripts a
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, jobspec, k8s, paths
+from rgt import errors, jobspec, k8s, output, paths
 from rgt.errors import InputError, RgtError
 
 DEFAULT_PROJECT = "rgt"  # roles/*/defaults: rgt_project | default('rgt')
@@ -45,37 +41,11 @@ _RENDER = ("{{ {'durable_root': rgt_durable_root | default(none), 'project': rgt
 
 
 def render(inventory: str, limit: str | None, extravars: dict, names: list[str]) -> dict[str, dict]:
-    """{host: rendered values} through `ansible -m debug` (runs on the controller only; no box is contacted)."""
-    from rgt.inventory import ansible_env
+    """{host: rendered values} through Ansible on the controller only (rgt.inventory.render_vars; no box is
+    contacted)."""
+    from rgt.inventory import render_vars
 
-    with tempfile.TemporaryDirectory(prefix="rgt-plan-") as scratch:
-        vars_file = Path(scratch) / "vars.json"
-        fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(extravars, handle, default=str)
-        tree = Path(scratch) / "tree"
-        cmd = ["ansible", "all", "-i", str(inventory), "-m", "ansible.builtin.debug",
-               "-a", json.dumps({"msg": _RENDER}), "-e", f"@{vars_file}", "--tree", str(tree), "-o"]
-        if limit:
-            cmd += ["--limit", limit]
-        env = {**ansible_env(), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RgtError(f"could not render the inventory's variables with Ansible: {exc}",
-                           fix="run `ansible-inventory -i INVENTORY --list` to see what Ansible makes of it") from exc
-        out: dict[str, dict] = {}
-        for name in names:
-            try:
-                doc = json.loads((tree / name).read_text())
-            except (OSError, ValueError):
-                doc = {}
-            if doc.get("failed") or not isinstance(doc.get("msg"), dict):
-                detail = str(doc.get("msg") or proc.stderr.strip() or "no result").splitlines()[0][:300]
-                raise InputError(f"host '{name}': its variables do not render: {detail}",
-                                 fix="fix the template in the inventory or the job spec", field="rgt_job")
-            out[name] = doc["msg"]
-    return out
+    return render_vars(inventory, limit, extravars, names, _RENDER)
 
 
 def _number(value: object) -> float | None:
@@ -292,10 +262,11 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from rgt.ledger import ledger_dir
 
     sweeps = sweep_plans(hosts, plans, ledger_dir(getattr(args, "ledger", None), make=False))
+    out = output.results(args.json)  # the plan is the result: stdout (stderr under --json)
     for item in plans.values():
-        render_plan(console, item)
+        render_plan(out, item)
     for item in sweeps:
-        render_sweep(console, item)
+        render_sweep(out, item)
     code = errors.FAILED if any(p["refused"] for p in plans.values()) else errors.OK
     console.print(f"exit {code} · run it for real without -C")
     emit({"command": "plan", "hosts": plans, "sweeps": sweeps, "exit_code": code}, args.json)

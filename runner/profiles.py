@@ -28,6 +28,7 @@ SCHEMA_PATH: Path = _core.SCHEMA_PATH
 expand_path = _core.expand_path
 render_env = _core.render_env
 clear_cache = _core.clear_cache
+fill_placeholders = _core.fill_placeholders  # `<field.path>` in prose -> the profile's value (filled at load too)
 
 STALE_AFTER_MONTHS = 6
 
@@ -98,11 +99,11 @@ def profile_as_json(profile: dict) -> dict:
         for p, r, s, t, i in _core.survival(profile)
     ]
     fallback = (profile.get("detach") or {}).get("fallback")
-    doc["engines"] = {  # what the registry says about the primitive and the verb this profile names
+    doc["engines"] = fill_placeholders({  # what the registry says of the primitive and verb this profile names
         "detach": registry.detach(profile["detach"]["primitive"]).as_dict(),
         "fallback": registry.detach(fallback).as_dict() if fallback else None,
         "meter_stop": registry.meter_stop(registry.meter_stop_of(profile["meter_stop"])).as_dict(),
-    }
+    }, profile)
     return doc
 
 
@@ -125,10 +126,11 @@ def _verb(ms: dict) -> str:
     return escape(ms["verb"] if same else f"{ms['verb']} ({label})")
 
 
-def _built(entry) -> str:
+def _built(entry, profile: dict) -> str:
     """A registry entry's name, marked when it is not built yet (launch refuses it)."""
     name = escape(entry.name)
-    return name if entry.built else f"{name} [red](not built yet: {escape(entry.instead or '')})[/red]"
+    instead = fill_placeholders(entry.instead or "", profile)
+    return name if entry.built else f"{name} [red](not built yet: {escape(instead)})[/red]"
 
 
 def render_list(console: Console, profiles_dir: str | Path | None = None) -> None:
@@ -150,8 +152,9 @@ def render_list(console: Console, profiles_dir: str | Path | None = None) -> Non
 
 
 def render_show(console: Console, profile: dict) -> None:
-    """`rgt-run profiles show <name>`: survival matrix, meter stop, danger clocks."""
-    p = profile
+    """`rgt-run profiles show <name>`: survival matrix, meter stop, danger clocks; every `<field.path>` in the
+    text (the registry's, the profile's own) shows the profile's value."""
+    p = fill_placeholders(profile, profile)
     console.print(
         f"[bold]{escape(p['title'])}[/bold] — profile [cyan]{p['name']}[/cyan], kind {p['kind']}, "
         f"facts verified {p['verified']}" + (" [yellow](stale)[/yellow]" if is_stale(p["verified"]) else "")
@@ -209,12 +212,13 @@ def render_show(console: Console, profile: dict) -> None:
         f"[bold]Spot:[/bold] {'available' if spot['available'] else 'not available'}, grace {grace}"
     )
     console.print(
-        f"[bold]Detach:[/bold] {_built(registry.detach(p['detach']['primitive']))}"
-        + (f" (fallback {_built(registry.detach(p['detach']['fallback']))})" if p["detach"]["fallback"]
+        f"[bold]Detach:[/bold] {_built(registry.detach(p['detach']['primitive']), p)}"
+        + (f" (fallback {_built(registry.detach(p['detach']['fallback']), p)})" if p["detach"]["fallback"]
            else " (no fallback)")
     )
     stop = registry.meter_stop(registry.meter_stop_of(ms))
-    console.print(f"[bold]Meter stopped by:[/bold] {_built(stop)} — needs {escape(stop.needs())}")
+    console.print(f"[bold]Meter stopped by:[/bold] {_built(stop, p)} — needs "
+                  f"{escape(fill_placeholders(stop.needs(), p))}")
 
     console.print("[bold]Danger clocks:[/bold]" + ("" if p["danger_clocks"] else " none"))
     for line in p["danger_clocks"]:

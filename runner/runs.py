@@ -1,8 +1,11 @@
 """`rgt-run runs`: what the ledger knows about every run it launched, without touching any box.
 
-One row per run: host, run id, state (the last status seen, else the launch's), attempts, started, wall time, cost
-so far (price per hour x wall time), and the pull state (verified / pulled, not verified / not pulled). `--json`
-prints the same rows. Run `rgt-run status` for a fresh look at the boxes.
+One row per run: host, run id, state, attempts, started (the run's first launch), wall time, cost so far (price per
+hour x wall time) and the pull state (verified / pulled, not verified / not pulled). The state is the run's last
+known one: a verified pull wins (the pulled copy says how the run ended and how long its attempts took), then the
+last status seen of that run, then what its launch reported. Wall time and cost grow with the clock only while
+the run bills (running, and not looked at since its launch); an ended run keeps what it cost. `--json` prints the
+same rows. Run `rgt-run status` for a fresh look at the boxes.
 """
 
 from __future__ import annotations
@@ -16,24 +19,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, memory
+from rgt import errors, memory, output, paths
 from rgt.ledger import ledger_dir, read_json, runs_dir
 from rgt.safetext import printable
 
 HELP = "list the runs this project launched (from the local ledger; touches no box)"
+BILLING_STATES = ("running", "stalled")  # the run's box time still counts while it is in one of these
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", metavar="DIR", help="where verified pulls land (default $RGT_RUNS_DIR or ./runs)")
 
 
-def _parse_time(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+def _epoch(value: object) -> float | None:
+    """Seconds since the epoch from an ISO-8601 string or a number (the box's one reading: rgt_reconcile)."""
+    return paths.module_util("rgt_reconcile").to_epoch(value) if value not in (None, "") else None
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
 def pull_state(runs: Path, run_id: str, host: str) -> str:
@@ -45,14 +49,65 @@ def pull_state(runs: Path, run_id: str, host: str) -> str:
     return "not pulled"
 
 
+def sealed_run(runs: Path, run_id: str, host: str) -> dict:
+    """What the verified capsule says of the run (its run.json, written when it was sealed): how it ended and its
+    attempts; {} when there is none."""
+    doc = read_json(runs / run_id / host / "run.json")
+    if not isinstance(doc, dict) or doc.get("run_id") != run_id:
+        return {}
+    attempts = [a for a in doc.get("attempts") or [] if isinstance(a, dict)]
+    reconcile = paths.module_util("rgt_reconcile")
+    starts = [t for t in (_epoch(a.get("started_at")) for a in attempts) if t is not None]
+    numbers = [a["attempt"] for a in attempts if isinstance(a.get("attempt"), int)]
+    end = doc.get("exit") if isinstance(doc.get("exit"), dict) else {}
+    return {"state": end.get("reason") or "finished", "attempt": max(numbers) if numbers else None,
+            "started": min(starts) if starts else None,
+            "wall_s": reconcile.wall_seconds(attempts, 0.0) if starts else None}
+
+
 def _seen_run(seen: object, run_id: object) -> dict:
-    """The last status seen of this run: the host's document, or one of the other runs seen beside it."""
+    """The last status seen of this run: the host's document, one of the other runs seen beside it, or, when the
+    box did not answer the last look, what it said the time before (rgt.status.last_seen)."""
     if not isinstance(seen, dict):
         return {}
     for doc in (seen, *(seen.get("other_runs") or [])):
         if isinstance(doc, dict) and doc.get("run_id") == run_id:
             return doc
-    return {}
+    before = seen.get("last_seen") if seen.get("state") == "unreachable" else None
+    return before if isinstance(before, dict) and before.get("run_id") == run_id else {}
+
+
+def one_row(host: str, run: dict, seen: dict, runs: Path, now: float) -> dict:
+    """The row of one remembered run: its last known state (verified pull, else the status seen, else the launch),
+    its first launch, and its wall time and cost (counting with the clock only while it bills)."""
+    run_id = str(run.get("run_id"))
+    job = run.get("job") or {}
+    pull = pull_state(runs, run_id, host)
+    sealed = sealed_run(runs, run_id, host) if pull == "verified" else {}
+    launched = [t for t in (_epoch(run.get(k)) for k in ("first_launched_at", "launched_at")) if t is not None]
+    first = min([*launched, *([sealed["started"]] if sealed.get("started") is not None else [])], default=None)
+    price = job.get("price_per_hour")
+    priced = isinstance(price, (int, float)) and not isinstance(price, bool)
+    cost = None
+    if pull == "verified":
+        source, state = "pull", sealed.get("state") or "finished"
+        attempts = sealed.get("attempt") or seen.get("attempt") or run.get("attempt")
+        wall = sealed.get("wall_s") if sealed.get("wall_s") is not None else seen.get("elapsed_s")
+        if sealed.get("wall_s") is None:
+            cost = seen.get("cost_so_far")
+    elif seen:
+        source, state, attempts = "status", seen.get("state"), seen.get("attempt") or run.get("attempt")
+        wall, cost = seen.get("elapsed_s"), seen.get("cost_so_far")
+    else:
+        source, state, attempts = "launch", run.get("state"), run.get("attempt")
+        since = _epoch(run.get("launched_at"))  # the current attempt's launch: it bills from then while it runs
+        wall = max(0.0, now - since) if since is not None and state in (*BILLING_STATES, None) else None
+    if cost is None and priced and isinstance(wall, (int, float)):
+        cost = round(price * wall / 3600.0, 4)
+    return {"host": host, "run_id": run.get("run_id"), "project": run.get("project"), "state": state,
+            "state_from": source, "attempts": attempts, "started": _iso(first) if first is not None else None,
+            "wall_s": round(wall, 1) if isinstance(wall, (int, float)) else None, "cost_so_far": cost, "pull": pull,
+            "status_seen_at": seen.get("seen_at")}
 
 
 def rows(ledger: Path, runs: Path, limit: str | None = None, now: float | None = None) -> list[dict]:
@@ -64,22 +119,7 @@ def rows(ledger: Path, runs: Path, limit: str | None = None, now: float | None =
             continue
         seen = read_json(ledger / "status" / f"{host}.json")
         for run in memory.runs_of(ledger, host):
-            job = run.get("job") or {}
-            status = _seen_run(seen, run.get("run_id"))
-            started = _parse_time(run.get("launched_at"))
-            wall = status.get("elapsed_s")
-            if wall is None and started is not None and status.get("state") in (None, "running", "stalled"):
-                wall = max(0.0, now - started)
-            price = job.get("price_per_hour")
-            cost = status.get("cost_so_far")
-            if cost is None and isinstance(price, (int, float)) and isinstance(wall, (int, float)):
-                cost = round(price * wall / 3600.0, 4)
-            out.append({"host": host, "run_id": run.get("run_id"), "project": run.get("project"),
-                        "state": status.get("state") or run.get("state"),
-                        "attempts": status.get("attempt") or run.get("attempt"),
-                        "started": run.get("launched_at"), "wall_s": round(wall, 1) if wall is not None else None,
-                        "cost_so_far": cost, "pull": pull_state(runs, str(run.get("run_id")), host),
-                        "status_seen_at": status.get("seen_at")})
+            out.append(one_row(host, run, _seen_run(seen, run.get("run_id")), runs, now))
     return out
 
 
@@ -94,7 +134,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     root = runs_dir(getattr(args, "runs_dir", None))
     items = rows(ledger, root, getattr(args, "limit", None))
-    if getattr(args, "json", False):
+    as_json = getattr(args, "json", False)
+    if as_json:
         print(json.dumps({"command": "runs", "ledger": str(ledger), "runs_dir": str(root), "runs": items,
                           "exit_code": errors.OK}, sort_keys=True))
     if not items:
@@ -109,6 +150,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                       escape(printable(item["attempts"] or "-")),
                       str(item["started"] or "-"), _hms(item["wall_s"]),
                       f"{cost:.2f}" if isinstance(cost, (int, float)) else "-", item["pull"])
-    console.print(table)
-    console.print("states are the last ones seen; `rgt-run status -i INV` looks again")
+    output.results(as_json).print(table)
+    console.print("states are the last ones known (a verified pull, else the last status seen, else the launch); "
+                  "`rgt-run status -i INV` looks again")
     return errors.OK

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors
+from rgt import errors, output
 from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 from rgt.safetext import printable
 
@@ -130,7 +130,8 @@ def last_seen(ledger: Path, host: str) -> dict | None:
     if prev.get("seen_at") is None:
         return None
     return {"state": prev.get("state"), "seen_at": prev.get("seen_at"), "attempt": prev.get("attempt"),
-            "step": prev.get("step")}
+            "step": prev.get("step"), "run_id": prev.get("run_id"), "elapsed_s": prev.get("elapsed_s"),
+            "cost_so_far": prev.get("cost_so_far")}
 
 
 def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
@@ -288,8 +289,9 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     hosts, extravars = _prepare(args)
     ledger = ledger_dir(args.ledger)
     docs = poll(args, console, hosts, extravars, ledger)
-    render_table(console, docs)
-    tallies = sweep_tallies(console, ledger, hosts, docs)
+    out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
+    render_table(out, docs)
+    tallies = sweep_tallies(out, ledger, hosts, docs)
     code = exit_code(docs, tallies)
     console.print(f"exit {code} · ledger {ledger / 'status'}")
     emit({"command": "status", "hosts": docs, "sweeps": tallies, "exit_code": code}, args.json)
@@ -475,19 +477,20 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                     schedule.due[name] = _monotonic() + min(interval, 30.0)  # see the new attempt soon
             console.print(f"relaunch exit {rc}")
         code = exit_code(latest)
+    out = output.results(args.json)  # the ticks were progress; where every run ended up is the result (stdout)
     for item in latest.values():
         if item.get("attention") or item.get("state") in ("failed", "dead", "error"):
             for att in item.get("attention") or []:
-                console.print(f"  [red]attention[/red] {item['host']}: {escape(printable(att.get('id')))}: "
-                              f"{escape(printable(att.get('message')))}")
+                out.print(f"  [red]attention[/red] {item['host']}: {escape(printable(att.get('id')))}: "
+                          f"{escape(printable(att.get('message')))}")
             if item.get("error"):
-                console.print(f"  [magenta]{item['host']}[/magenta]: {escape(printable(item['error']))}")
+                out.print(f"  [magenta]{item['host']}[/magenta]: {escape(printable(item['error']))}")
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
-    tallies = sweep_tallies(console, ledger, hosts, latest) if latest else []
+    tallies = sweep_tallies(out, ledger, hosts, latest) if latest else []
     code = exit_code(latest, tallies) if latest else code
     summary = _watch_summary(latest, ledger, hosts)
     if summary:
-        console.print(summary, highlight=False, markup=False)
+        out.print(summary, highlight=False, markup=False)
     if notifier is not None:
         try:
             notifier.flush()

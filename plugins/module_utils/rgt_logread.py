@@ -4,7 +4,8 @@
 """Read a run's logs/job.log on the box by byte offset (`rgt-run logs`, shipped in the runner's zipapp).
 
 `start_offset(path, newest_attempt, tail_lines)`: where a first read starts: the newest attempt's
-`== rgt attempt N started` line (rgt_reconcile.ATTEMPT_MARKER; the wrapper writes it), or the last N lines.
+`== rgt attempt N started` line (rgt_reconcile.ATTEMPT_MARKER; the wrapper writes it), or the last N lines. Every
+read is by blocks (CHUNK): memory stays bounded however long a line of the log is.
 `stream(...)`: writes a one-line JSON header then the raw bytes from an offset; with follow, keeps writing what
 is appended until the run has ended (no live wrapper holds .rgt/lock and exit.json is there) or the session that
 asked is gone (its parent changed). Resuming from the byte offset the reader has counted never repeats a byte.
@@ -22,23 +23,43 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_reconcil
 
 MARKER = b"== rgt attempt "
 CHUNK = 64 * 1024
+MARKER_LINE_CAP = 4096  # bytes of a marker line kept (the wrapper writes one short line)
 
 
 def attempt_offsets(path):
-    """[(byte offset, line)] of every `== rgt attempt N started` line, in order (one forward scan)."""
+    """[(byte offset, line)] of every `== rgt attempt N started` line, in order: one forward scan by blocks for the
+    marker at the start of a line, so a line of any length costs no more memory than a block; a marker line is
+    read back for at most MARKER_LINE_CAP bytes."""
     found = []
     try:
         handle = open(path, "rb")
     except (IOError, OSError):
         return found
+    needle = b"\n" + MARKER
+    keep = len(needle) - 1  # a needle cut by a block boundary is found with the next block, never twice
     with handle:
-        pos = 0
-        for raw in handle:
-            if raw.startswith(MARKER):
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                if rgt_reconcile.ATTEMPT_MARKER.match(line):
-                    found.append((pos, line))
-            pos += len(raw)
+        window, base = b"\n", -1  # a newline before byte 0: a marker on the first line counts
+        while True:
+            data = handle.read(CHUNK)
+            if not data:
+                break
+            window += data
+            starts = []
+            at = window.find(needle)
+            while at >= 0:
+                starts.append(base + at + 1)
+                at = window.find(needle, at + 1)
+            if starts:
+                resume = handle.tell()
+                for start in starts:
+                    handle.seek(start)
+                    line = handle.readline(MARKER_LINE_CAP).decode("utf-8", "replace").rstrip("\n")
+                    if rgt_reconcile.ATTEMPT_MARKER.match(line):
+                        found.append((start, line))
+                handle.seek(resume)
+            tail = window[-keep:] if len(window) > keep else window
+            base += len(window) - len(tail)
+            window = tail
     return found
 
 

@@ -33,6 +33,9 @@ PROFILES_DIR = COLLECTION_ROOT / "profiles"
 SCHEMA_PATH = PROFILES_DIR / "schema" / "profile.schema.json"
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# `<meter_stop.api.key_env>`, `<spot.grace_s>`: a profile field's path in prose (the registry's `needs`, a note);
+# a word without a dot (`<name>`, `<PORT>`, `<run_dir>`) is the user's to fill, never a field
+_PLACEHOLDER_RE = re.compile(r"<([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*|\[[0-9]+\])+)>")
 
 _CACHE: dict = {}
 _SCHEMA_CACHE: dict = {}
@@ -334,6 +337,7 @@ def load_profile(name: str, profiles_dir=None) -> dict:
         if len(errors) > 1:
             first.message += f" (and {len(errors) - 1} more problem(s) in this file)"
         raise first
+    data = fill_placeholders(data, data)
     _CACHE[key] = data
     return copy.deepcopy(data)
 
@@ -352,6 +356,36 @@ def expand_path(path: str, home: str, user: str) -> str:
     """Resolve '~' (login home) and '{user}' (login user) in a profile path: rgt_runlayout.expand_root, the one
     expansion the modules apply on the box, for a given home and user."""
     return expand_root(path, user=user, home=home)
+
+
+def field_value(profile: dict, path: str):
+    """The value at a JSON path of the profile (`meter_stop.api.key_env`, `mounts[1].path`), or None."""
+    node = profile
+    for key, index in re.findall(r"([a-z_][a-z0-9_]*)|\[([0-9]+)\]", path):
+        if key:
+            node = node.get(key) if isinstance(node, dict) else None
+        else:
+            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else None
+        if node is None:
+            return None
+    return node
+
+
+def fill_placeholders(value, profile: dict):
+    """`value` (a string, or lists and mappings of them) with every `<field.path>` of the profile replaced by that
+    field's value (`<meter_stop.api.key_env>` -> RUNPOD_API_KEY). A path that names no scalar stays as written."""
+    if isinstance(value, str):
+        def one(match):
+            found = field_value(profile, match.group(1))
+            if found is None or isinstance(found, (dict, list)):
+                return match.group(0)
+            return str(found).lower() if isinstance(found, bool) else str(found)
+        return _PLACEHOLDER_RE.sub(one, value)
+    if isinstance(value, list):
+        return [fill_placeholders(item, profile) for item in value]
+    if isinstance(value, dict):
+        return {key: fill_placeholders(item, profile) for key, item in value.items()}
+    return value
 
 
 def render_env(profile: dict, durable_root: str, scratch_root: str) -> dict:

@@ -145,3 +145,102 @@ def test_check_on_an_unreachable_box_still_plans_with_price_and_cost(rgt, tmp_pa
     assert plan["price_per_hour"] == 2.0 and plan["expected_cost"] == 3.0 and plan["disk_floor_gib"] == 1
     assert "3.00" in result.stderr
     assert not (rgt.ledger / "events").exists()
+
+
+def test_check_on_train_prints_the_plan_on_stdout_and_its_messages_on_stderr(rgt, tmp_path):
+    """The plan is the command's result: stdout, whole rows (no fold in a pipe); the header and the exit line are
+    messages: stderr."""
+    expected = tree_lib().build_manifest(str(REPO / "examples" / "tiny_train"))
+    result = rgt("train", "-i", LOCAL_INV, "-C", cwd=tmp_path)
+    assert result.rc == 0, result.stderr
+    run_dir = tmp_path / ".rgt" / "local-box" / "durable" / "tiny_train" / "active" / "tiny-train"
+    rows = result.stdout.splitlines()
+    assert any(row.startswith("code dir") and row.rstrip().endswith(f"{run_dir}/code-{expected['hash8']}")
+               for row in rows), result.stdout
+    assert any(row.startswith("run dir") and str(run_dir) in row for row in rows), result.stdout
+    assert "rgt plan for train" in result.stderr and "exit 0" in result.stderr
+    assert f"code-{expected['hash8']}" not in result.stderr and "rgt plan" not in result.stdout
+
+
+# ---------------------------------------------------------------- results on stdout, messages on stderr
+
+def table_rows(text: str) -> dict[str, str]:
+    """{first cell: the whole line} of a rich table's rows."""
+    return {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") >= 3}
+
+
+def test_profiles_in_a_pipe_prints_whole_rows_on_stdout_and_nothing_on_stderr(rgt):
+    result = rgt("profiles")
+    assert result.rc == 0, result.stderr
+    assert result.stderr == ""
+    rows = table_rows(result.stdout)
+    assert {"autodl", "runpod", "kubernetes", "local"} <= set(rows), result.stdout
+    # one row per profile, every word whole on it (`rgt-run profiles | grep autodl` finds the whole row)
+    assert [ln for ln in result.stdout.splitlines() if "autodl" in ln] == [rows["autodl"]]
+    assert "ssh-rental" in rows["runpod"] and "terminate" in rows["runpod"] and "2026-06" in rows["runpod"]
+    assert "power_off (关机)" in rows["autodl"]
+
+
+def test_profiles_show_fills_every_placeholder_and_json_keeps_stdout_for_the_document(rgt):
+    result = rgt("profiles", "show", "runpod")
+    assert result.rc == 0, result.stderr
+    assert result.stderr == ""
+    assert "needs env RUNPOD_API_KEY; profile meter_stop.api.base_url" in result.stdout
+    assert "<meter_stop" not in result.stdout
+    # a long cell stays on its row in a pipe
+    assert any("4 TB soft ceiling" in ln and "high-performance $0.14" in ln for ln in result.stdout.splitlines())
+    as_json = rgt("profiles", "show", "runpod", "--json")
+    assert as_json.rc == 0, as_json.stderr
+    doc = as_json.doc
+    assert doc["profile"]["engines"]["meter_stop"]["env"] == ["RUNPOD_API_KEY"]
+    assert "needs env RUNPOD_API_KEY" in as_json.stderr  # the human rendering goes to stderr under --json
+
+
+def test_init_for_kubernetes_writes_a_cluster_whose_next_steps_work(rgt, tmp_path):
+    """No SSH host or port, the kubeconfig and context named, the job's k8s block; the plan it points to exits 0."""
+    import shlex
+
+    import yaml
+
+    init = rgt("init", "--profile", "kubernetes", "--json", cwd=tmp_path)
+    assert init.rc == 0, init.stderr
+    text = (tmp_path / "inventory" / "hosts.yml").read_text()
+    ((name, host),) = yaml.safe_load(text)["all"]["hosts"].items()
+    assert host["rgt_profile"] == "kubernetes" and host["rgt_instance_id"]
+    assert not [key for key in host if key.startswith("ansible_")], host
+    assert "# rgt_kubeconfig:" in text and "# rgt_kube_context:" in text
+    job = yaml.safe_load((tmp_path / "job.yml").read_text())["rgt_job"]
+    assert job["k8s"]["image"] and job["k8s"]["pvc"] == {"storage": "50Gi"}
+    steps = init.doc["next"]
+    assert not [s for s in steps if " pin " in s or "probe" in s], steps
+    (plan_step,) = [s for s in steps if s.endswith(" -C")]
+    plan = rgt(*shlex.split(plan_step)[1:], cwd=tmp_path, timeout=120)
+    assert plan.rc == 0, plan.stdout + plan.stderr
+    assert f"{name} (kubernetes, instance {host['rgt_instance_id']})" in plan.stdout
+    assert "kubernetes manifests for /checkpoints/rgt/active/my-run/.rgt/k8s/" in plan.stdout
+
+
+def test_a_missing_controller_program_is_named_before_any_box_is_touched(rgt, tmp_path):
+    """rsync (train moves the code with it), ssh (status reaches a box with it), kubectl (a cluster): exit 2 with
+    the program and the Debian package, before anything is written or contacted."""
+    bare = tmp_path / "bin"  # a PATH without them (rgt's own Ansible is found beside its Python)
+    bare.mkdir()
+    env = {"PATH": str(bare)}
+    train = rgt("train", "-i", LOCAL_INV, "--json", env=env, cwd=tmp_path)
+    assert train.rc == 2, train.stderr
+    assert train.doc["field"] == "rsync" and "rsync is not installed" in train.doc["error"]
+    assert "apt-get install rsync" in train.doc["fix"] and "Traceback" not in train.stderr
+    assert not (tmp_path / ".rgt").exists() and not rgt.ledger.exists()
+
+    inv = write_inventory(tmp_path / "inv", {
+        "gone": {"ansible_host": "127.0.0.1", "ansible_port": 1, "rgt_profile": "generic_ssh",
+                 "rgt_instance_id": "box-gone", "rgt_job": {"name": "r"}},
+        "cluster": {"rgt_profile": "kubernetes", "rgt_instance_id": "gke", "rgt_job": {"name": "r"}}})
+    (inv / "known_hosts").write_text("box-gone ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHw9\n")
+    status = rgt("status", "-i", inv, "-l", "gone", "--json", env={**env, "RGT_KUBECTL": ""}, cwd=tmp_path)
+    assert status.rc == 2 and status.doc["field"] == "ssh", status.stderr
+    assert "apt-get install openssh-client" in status.doc["fix"] and "gone" in status.doc["error"]
+    cluster = rgt("status", "-i", inv, "-l", "cluster", "--json", env={**env, "RGT_KUBECTL": ""}, cwd=tmp_path)
+    assert cluster.rc == 2 and cluster.doc["field"] == "kubectl", cluster.stderr
+    assert "kubernetes-client" in cluster.doc["fix"]
+    assert not rgt.ledger.exists()

@@ -209,3 +209,151 @@ def test_bad_input_is_exit_2_with_a_json_error(runs, tmp_path):
                           text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["command"] == "status"
+
+
+# ---------------------------------------------------------------- the result on stdout, messages on stderr
+
+def plain(runs, command, *args, timeout=180, preexec_fn=None, ledger=None):
+    """rgt-run without --json: (rc, stdout, stderr)."""
+    proc = subprocess.run([*RGT_RUN, command, "-i", str(runs.inv), "--ledger", str(ledger or runs.ledger), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, preexec_fn=preexec_fn)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_status_prints_its_rows_on_stdout_and_its_messages_on_stderr(runs):
+    rc, out, err = plain(runs, "status", "-l", "live,done")
+    assert rc == 0, err
+    rows = {line.split("│")[0].strip(): line for line in out.splitlines() if "│" in line}
+    assert "finished" in rows["done"].split("│")[1] and "running" in rows["live"].split("│")[1], out
+    assert rows["live"].split("│")[3].strip() == "39"  # the step, whole
+    assert "exit 0 · ledger" in err and "exit 0" not in out
+    assert "│" not in err and "finished" not in err
+
+
+def test_watch_ticks_on_stderr_and_its_final_summary_on_stdout(runs):
+    rc, out, err = plain(runs, "watch", "-l", "done", "--interval", "1", "--max-ticks", "2")
+    assert rc == 0, err
+    assert out.strip().startswith("1/1 finished"), out
+    assert " done finished step=" in err and "watch stopped after 1 tick(s): every run is settled" in err
+    assert " done finished step=" not in out
+
+
+# ---------------------------------------------------------------- runs: each run's last known state
+
+def test_runs_shows_a_verified_run_finished_from_its_first_launch_and_counts_only_what_bills(tmp_path):
+    """A finished, verified run (the box now gone: its last status is `unreachable` and said `running` before) is
+    `finished` from its pull, started at its first launch (not its relaunch), and costs what its attempts took;
+    a run never seen since its launch is `running` and counts; one seen failed keeps the cost it was seen at."""
+    from rgt import memory
+    from rgt.ledger import atomic_write_json
+
+    ledger, pulled = tmp_path / "ledger", tmp_path / "runs"
+    launch = {"action": "launch", "attempt": 1, "state": "running"}
+    memory.record_launch(ledger, "box", "pod-1", "rgt", {"name": "done-run", "price_per_hour": 2.0}, launch)
+    record = ledger / "runs" / "box.json"
+    doc = json.loads(record.read_text())
+    first = "2026-01-01T00:00:00+00:00"  # a day ago, say: the first launch
+    doc["runs"]["rgt/done-run"].update(launched_at=first, first_launched_at=first)
+    record.write_text(json.dumps(doc))
+    memory.record_launch(ledger, "box", "pod-1", "rgt", {"name": "done-run", "price_per_hour": 2.0},
+                         {"action": "relaunch", "attempt": 2, "state": "running"})  # watch relaunched it
+    memory.record_launch(ledger, "box", "pod-1", "rgt", {"name": "new-run", "price_per_hour": 2.0}, launch)
+    memory.record_launch(ledger, "box", "pod-1", "rgt", {"name": "bad-run", "price_per_hour": 2.0}, launch)
+    atomic_write_json(ledger / "status" / "box.json", {
+        "host": "box", "state": "unreachable", "error": "Connection refused",
+        "last_seen": {"state": "running", "run_id": "done-run", "seen_at": time.time() - 600, "attempt": 2},
+        "other_runs": [{"run_id": "bad-run", "state": "failed", "elapsed_s": 90.0, "cost_so_far": 0.05,
+                        "attempt": 1}]})
+    capsule = pulled / "done-run" / "box"
+    capsule.mkdir(parents=True)
+    (capsule / "run.json").write_text(json.dumps({"schema": "rgt/run/v1", "run_id": "done-run", "attempts": [
+        {"attempt": 1, "started_at": 1000.0, "ended_at": 1600.0, "reason": "preempted"},
+        {"attempt": 2, "started_at": 2000.0, "ended_at": 3200.0, "reason": "finished", "rc": 0}],
+        "exit": {"attempt": 2, "reason": "finished", "rc": 0}}))
+    (pulled / "done-run" / "box.PULL_VERIFIED.json").write_text(json.dumps({"run_id": "done-run", "host": "box"}))
+    cmd = [*RGT_RUN, "runs", "--ledger", str(ledger), "--runs-dir", str(pulled)]
+
+    proc = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["run_id"]: r for r in json.loads(proc.stdout)["runs"]}
+    done = rows["done-run"]
+    assert (done["state"], done["state_from"], done["pull"], done["attempts"]) == ("finished", "pull", "verified", 2)
+    assert done["started"] == "1970-01-01T00:16:40+00:00"  # attempt 1 started before the first launch was recorded
+    assert done["wall_s"] == 1800.0 and done["cost_so_far"] == 1.0  # 600 s + 1200 s at 2.0 per hour
+    assert (rows["bad-run"]["state"], rows["bad-run"]["state_from"], rows["bad-run"]["cost_so_far"]) == \
+        ("failed", "status", 0.05)
+    assert (rows["new-run"]["state"], rows["new-run"]["state_from"]) == ("running", "launch")
+    assert rows["new-run"]["wall_s"] is not None and rows["new-run"]["cost_so_far"] is not None
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    row = next(ln for ln in proc.stdout.splitlines() if "done-run" in ln)
+    assert "finished" in row and "verified" in row and "1970-01-01T00:16:40+00:00" in row and "1.00" in row, row
+    assert "states are the last ones known" in proc.stderr and "done-run" not in proc.stderr
+
+
+def test_the_first_launch_of_a_run_is_kept_across_relaunches(tmp_path):
+    from rgt import memory
+
+    memory.record_launch(tmp_path, "box", "pod-1", "rgt", {"name": "r"}, {"action": "launch", "attempt": 1})
+    (first,) = memory.runs_of(tmp_path, "box")
+    time.sleep(1.1)
+    again = memory.record_launch(tmp_path, "box", "pod-1", "rgt", {"name": "r"}, {"action": "relaunch",
+                                                                                   "attempt": 2})
+    assert again["first_launched_at"] == first["launched_at"] != again["launched_at"]
+
+
+# ---------------------------------------------------------------- a full disk under the ledger
+
+def _tiny_fs(where: Path) -> bool:
+    """Mount a 64 KiB tmpfs on `where` (True), when this process may (root); else False."""
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(where)],
+                              capture_output=True, timeout=30)
+    except OSError:
+        return False
+    return proc.returncode == 0
+
+
+def test_a_full_disk_under_the_ledger_is_one_message_exit_1_and_the_old_record_stays(runs, tmp_path):
+    """A tiny tmpfs filled up (when this process may mount one; else a file size limit below the record's size,
+    the same refusal from the same writes): the status write fails, rgt says which file and what to do, exit 1,
+    no traceback, and the record written before is byte for byte what it was, with no temp file beside it."""
+    import resource
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    mounted = _tiny_fs(ledger)
+    try:
+        rc, _out, err = plain(runs, "status", "-l", "done", ledger=ledger)
+        assert rc == 0, err
+        record = ledger / "status" / "done.json"
+        before = record.read_bytes()
+        limit = None
+        if mounted:
+            fd = os.open(ledger / "filler", os.O_WRONLY | os.O_CREAT)
+            try:  # fill the disk
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        else:
+            limit = len(before) // 2
+
+        def cap_file_size():
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        rc, out, err = plain(runs, "status", "-l", "done", ledger=ledger, preexec_fn=cap_file_size)
+        assert rc == 1, err
+        assert f"error: could not write {record}: " in err, err
+        assert ("the disk is full" if mounted else "the file size limit") in err
+        assert "fix: " in err and ("free space on the disk that holds" if mounted else "ulimit -f") in err
+        assert "--ledger" in err and "Traceback" not in err + out
+        assert record.read_bytes() == before
+        assert [p.name for p in record.parent.iterdir() if p.name.startswith(".")] == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(ledger)], capture_output=True, timeout=30)

@@ -99,3 +99,25 @@ def test_runs_completes_hosts_from_the_ledger_when_there_is_no_inventory(tmp_pat
 def test_profile_completion():
     assert cli.complete_profiles("run") == ["runpod"]
     assert "local" in cli.complete_profiles("")
+
+
+# ---------------------------------------------------------------- where output goes
+
+def test_a_result_goes_to_stdout_and_under_json_to_stderr(capsys):
+    """stdout holds the result (or, under --json, only the JSON document: the table then goes to stderr); a console
+    that is no terminal is wide enough for every row on one line."""
+    import json
+
+    from rgt import output
+
+    try:
+        assert cli.main(["profiles"]) == 0
+        out, err = capsys.readouterr()
+        assert "│ runpod " in out and err == ""
+        assert output.results().width == output.WIDE and not output.results().is_terminal
+        assert cli.main(["profiles", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["command"] == "profiles" and "│ runpod " in err
+        assert output.results().stderr  # a command run inside a --json one never prints a result on stdout
+    finally:
+        output.set_json(False)

@@ -383,3 +383,19 @@ def test_stale_stamps():
     assert profiles.is_stale("2026-06", today=date(2027, 1, 1)) is True
     assert profiles.is_stale("2026-06", today=date(2026, 11, 30)) is False
     assert profiles.is_stale("none") is False
+
+
+def test_every_field_placeholder_in_the_rendered_profile_is_filled():
+    """`<meter_stop.api.key_env>` (the registry's) and `<spot.grace_s>` (a profile's own note) show the profile's
+    values, in `profiles show` and in --json; a word without a dot (`<name>`, `<PORT>`) is the user's and stays."""
+    console = Console(record=True, width=200)
+    runpod = profiles.load_profile("runpod")
+    profiles.render_show(console, runpod)
+    text = console.export_text()
+    assert "needs env RUNPOD_API_KEY" in text and "<meter_stop" not in text
+    assert profiles.profile_as_json(runpod)["engines"]["meter_stop"]["env"] == ["RUNPOD_API_KEY"]
+    slurm = profiles.load_profile("slurm")
+    assert "--signal=B:TERM@30," in slurm["detach"]["notes"] and "<run_dir>/.rgt/sbatch.sh" in slurm["detach"]["notes"]
+    assert profiles.load_profile("kubernetes")["meter_stop"]["label"] == "kubectl delete job <name>"
+    assert profiles.fill_placeholders(["<mounts[1].path> <spot.nope> <PORT>", {"k": "<spot.available>"}],
+                                      runpod) == ["/workspace <spot.nope> <PORT>", {"k": "true"}]
