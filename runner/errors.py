@@ -43,6 +43,12 @@ class InputError(RgtError):
     exit_code = BAD_INPUT
 
 
+class Unreachable(RgtError):
+    """A box could not be reached (refused, timed out, no route, no such name): says nothing about a job on it."""
+
+    exit_code = UNREACHABLE
+
+
 class GateRefused(RgtError):
     """A gate said no (host identity, teardown, disk floor, live-run mutation)."""
 
