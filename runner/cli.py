@@ -542,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: nothing on the box was stopped; run the same command again "
                       "to resume")
-        return 130
+        return errors.INTERRUPTED
 
 
 def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):

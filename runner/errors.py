@@ -11,6 +11,7 @@ BAD_INPUT = 2
 REFUSED = 3
 UNREACHABLE = 4
 ATTENTION = 5
+INTERRUPTED = 130  # Ctrl-C: what a shell reports for SIGINT (128 + 2)
 
 # a playbook's outcome, worst first (rgt.phases.PhaseResult.exit_code): identity, input, failure, transport
 PHASE_ORDER = (REFUSED, BAD_INPUT, FAILED, UNREACHABLE, OK)
