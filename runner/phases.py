@@ -17,7 +17,7 @@ from pathlib import Path
 import ansible_runner
 from rich.console import Console
 
-from rgt import errors, memory, paths
+from rgt import confirmation, errors, memory, paths
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
 from rgt.progress import ProgressTail
@@ -145,6 +145,8 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH", "PWD")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
     evars = dict(extravars or {})
+    # a meter stop's confirmation only from `rgt-run teardown` (its channel), whatever the play sets or includes
+    evars.update(confirmation.pins(evars.get(confirmation.CHANNEL)))
     evars["rgt_ledger_dir"] = str(ledger)
     # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them
     tail = ProgressTail(console, private / "progress")

@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, paths
+from rgt import confirmation, errors, paths
 from rgt.ledger import ledger_dir, read_json, runs_dir
 
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
@@ -254,8 +254,8 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import prepare
     from rgt.phases import run_playbook
 
-    ns = argparse.Namespace(playbook="teardown", extra_vars=args.extra_vars, inventory=args.inventory,
-                            limit=args.limit, ledger=args.ledger)
+    ns = argparse.Namespace(playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), extra_vars=args.extra_vars,
+                            inventory=args.inventory, limit=args.limit, ledger=args.ledger)
     playbook, hosts, extravars = prepare(ns, pins=True)
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
@@ -317,7 +317,7 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     run_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
     if run_hosts:
         evars = {**extravars, "rgt_runs_dir": str(runs),
-                 "rgt_teardown_confirms": {h.name: h.instance_id for h in run_hosts}}
+                 confirmation.CHANNEL: {h.name: h.instance_id for h in run_hosts}}
         console.print(f"\n[bold]rgt[/bold] teardown of {len(confirmed)} instance(s): "
                       + ", ".join(escape(iid) for iid in confirmed))
         result = run_playbook(playbook, args.inventory, run_hosts, ledger=ledger, console=console, extravars=evars,

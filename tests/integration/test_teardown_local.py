@@ -105,8 +105,8 @@ def test_autodl_power_off_is_reversible_and_waits_for_shutdown(tmp_path):
     box = Box(tmp_path, "autodl", "adl-local-1")
     with AutoDL(token="adl-token", lag_s=1.0) as fake:
         fake.add_instance("adl-local-1")
-        proc = box.play(env={"AUTODL_TOKEN": "adl-token"}, teardown_base_url=fake.url,
-                        rgt_teardown_confirm="adl-local-1")
+        # an ops team's own play confirms the role with its own variable (rgt-run refuses it and asks instead)
+        proc = box.play(env={"AUTODL_TOKEN": "adl-token"}, teardown_base_url=fake.url, teardown_confirm="adl-local-1")
         assert proc.returncode == 0, proc.stdout
         assert len(fake.calls("POST")) == 1
         assert all(r["headers"]["Authorization"] == "<redacted>" for r in fake.calls())
