@@ -25,14 +25,13 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from rgt import errors, jobspec, k8s, memory, output, paths, profiles, sweeps
+from rgt import confirmation, errors, jobspec, k8s, memory, output, paths, profiles, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
 
 MAX_VARS_FILE_BYTES = 8 << 20
 MAX_VARS_NODES = 200_000  # after expanding YAML aliases: a job spec is a few hundred values
-CONFIRM_VARS = ("rgt_teardown_confirm", "rgt_teardown_confirms")
 SECRET_PLAYBOOKS = ("train", "env_check")  # the playbooks that deliver rgt_job.secrets to the box
 
 
@@ -542,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: nothing on the box was stopped; run the same command again "
                       "to resume")
-        return 130
+        return errors.INTERRUPTED
 
 
 def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
@@ -550,11 +549,12 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
     is shown, not kept)."""
     origins: dict[str, str] = {}
     extravars = parse_extravars(args.extra_vars, origins)
-    for name in CONFIRM_VARS:
+    for name in confirmation.confirm_vars():  # every variable a role reads as a meter stop's confirmation
         if name in extravars:
-            raise InputError(f"{name} was given with {origins[name]}: a teardown confirmation comes only from the "
-                             "person at the command", fix="pass --confirm <instance-id> to `rgt-run teardown`, or "
-                             "type the id at its prompt", field=name)
+            raise InputError(f"{name} was given with {origins[name]}: through rgt-run a teardown confirmation "
+                             "comes only from the person at the command", fix="pass --confirm <instance-id> to "
+                             "`rgt-run teardown`, or type the id at its prompt (ansible-playbook, without rgt-run, "
+                             "takes -e teardown_confirm=<instance-id>)", field=name)
     if "rgt_job" in extravars:
         if not isinstance(extravars["rgt_job"], dict):
             raise InputError("rgt_job must be a mapping", fix="pass -e @job.yml with `rgt_job:` at the top",
@@ -568,6 +568,14 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
         playbook = paths.resolve_playbook(args.playbook)
     except FileNotFoundError:
         raise _unknown_command(args.playbook) from None
+    if playbook != paths.PLAYBOOKS_DIR / "teardown.yml":
+        role = confirmation.carried_role(playbook)
+        if role:  # a copy of teardown.yml, or the user's own play: only `rgt-run teardown` plans and asks
+            raise InputError(f"playbook '{args.playbook}' runs the role {role}, which stops a meter: through rgt-run "
+                             "a meter stop goes only through `rgt-run teardown` (the plan of every run on the box, "
+                             "then your confirmation)", fix=f"rgt-run teardown -i {args.inventory} (add --confirm "
+                             "<instance-id> where no one can type it); to run your own play, use ansible-playbook, "
+                             "where the role takes -e teardown_confirm=<instance-id>", field="playbook")
     hosts = load_hosts(args.inventory, args.limit, extravars)
     ledger = ledger_dir(getattr(args, "ledger", None), make=False)  # read here; made by what writes to it
     swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,

@@ -11,6 +11,7 @@ BAD_INPUT = 2
 REFUSED = 3
 UNREACHABLE = 4
 ATTENTION = 5
+INTERRUPTED = 130  # Ctrl-C: what a shell reports for SIGINT (128 + 2)
 
 # a playbook's outcome, worst first (rgt.phases.PhaseResult.exit_code): identity, input, failure, transport
 PHASE_ORDER = (REFUSED, BAD_INPUT, FAILED, UNREACHABLE, OK)
@@ -41,6 +42,12 @@ class InputError(RgtError):
     """Malformed inventory, profile, job spec or flag: nothing was touched."""
 
     exit_code = BAD_INPUT
+
+
+class Unreachable(RgtError):
+    """A box could not be reached (refused, timed out, no route, no such name): says nothing about a job on it."""
+
+    exit_code = UNREACHABLE
 
 
 class GateRefused(RgtError):

@@ -16,13 +16,12 @@ from pathlib import Path
 import jsonschema
 from referencing import Registry, Resource
 
-from rgt import jobspec, paths
+from rgt import confirmation, jobspec, paths
 from rgt.errors import InputError
 from rgt.ledger import cache_path, cache_put
 from rgt.profiles import ProfileError, load_profile, profile_names
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
-CONFIRM_VARS = ("rgt_teardown_confirm", "rgt_teardown_confirms")
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
 _sweep = paths.module_util("rgt_sweep")  # a sweep's cells and their run ids
 
@@ -328,12 +327,13 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
             raise InputError(f"inventory '{inventory}': {problem}", fix="rename the host (its name is used in "
                              "local paths: runs/<run>/<host>/, the ledger); put the address in ansible_host",
                              field="host")
-        for key in CONFIRM_VARS:
+        for key in confirmation.confirm_vars():  # every variable a role reads as a meter stop's confirmation
             if key in hv:
                 source = _file_defining(inventory, key)
-                raise InputError(f"host '{name}': {key} is set in {source}: a teardown confirmation comes only "
-                                 "from the person at the command", fix=f"remove {key} from {source}; pass --confirm "
-                                 "<instance-id> to `rgt-run teardown`, or type the id at its prompt", field=key)
+                raise InputError(f"host '{name}': {key} is set in {source}: through rgt-run a teardown "
+                                 "confirmation comes only from the person at the command", fix=f"remove {key} from "
+                                 f"{source}; pass --confirm <instance-id> to `rgt-run teardown`, or type the id at "
+                                 "its prompt", field=key)
         # extra vars win over inventory, as in Ansible; template strings are not evaluated here; a notify rule's
         # unquoted `on:` (YAML's true, "true" in ansible-inventory's JSON) is `on`
         hv = jobspec.host_vars_notify_on({**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}})

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from pathlib import Path
 import ansible_runner
 from rich.console import Console
 
-from rgt import errors, memory, paths
+from rgt import confirmation, errors, memory, paths
 from rgt.errors import InputError, RgtError
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
@@ -101,6 +103,61 @@ class PhaseResult:
                 "exit_code": self.exit_code, "hosts": {h: o.as_dict() for h, o in sorted(self.hosts.items())}}
 
 
+class Interrupt:
+    """Ctrl-C (SIGINT, or SIGTERM) while a play runs: passed on to ansible-playbook as SIGINT, so Ansible stops its
+    workers and the modules they run itself. ansible-runner's own cancel SIGKILLs ansible-playbook only, and each
+    worker, in a session of its own, would go on running its task in the background (a teardown's poll, an
+    rsync). Killed only when the play is still running GRACE_S later, or at a second Ctrl-C."""
+
+    GRACE_S = 20.0
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.pid: int | None = None  # ansible-playbook's, from its first event
+        self.since: float | None = None
+        self._saved: dict = {}
+
+    def events(self, handler):
+        def on_event(event: dict) -> bool:
+            if self.pid is None and isinstance(event.get("pid"), int):
+                self.pid = event["pid"]
+            return handler(event)
+        return on_event
+
+    def _signal(self, signum, frame) -> None:
+        if self.since is not None:  # the second Ctrl-C: now
+            self.since = float("-inf")
+            return
+        self.since = time.monotonic()
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread may handle signals
+        self._saved = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+    def __call__(self) -> bool:
+        """ansible-runner's cancel callback: True kills the play now."""
+        if self.since is None:
+            return False
+        return self.pid is None or time.monotonic() - self.since > self.GRACE_S
+
+    @property
+    def interrupted(self) -> bool:
+        return self.since is not None
+
+
 def new_ident(playbook: Path) -> str:
     return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{playbook.stem}-{uuid.uuid4().hex[:6]}"
 
@@ -123,12 +180,15 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     ledger_events = ledger / "events" / f"{ident}.jsonl"
     sink = EventSink(console, ledger_events, quiet=quiet)
     private = Path(tempfile.mkdtemp(prefix="rgt-run-"))
-    # ansible-runner installs its own SIGINT handler and does not restore it (#1075)
+    # ansible-runner installs its own SIGINT handler and does not restore it (#1075); ours is passed on (Interrupt)
     saved_sigint = signal.getsignal(signal.SIGINT)
+    interrupt = Interrupt()
     env = ansible_env()
     env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH", "PWD")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
     evars = dict(extravars or {})
+    # a meter stop's confirmation only from `rgt-run teardown` (its channel), whatever the play sets or includes
+    evars.update(confirmation.pins(evars.get(confirmation.CHANNEL)))
     evars["rgt_ledger_dir"] = str(ledger)
     # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them
     tail = ProgressTail(console, private / "progress")
@@ -154,25 +214,28 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     sources = [str(Path(inventory).resolve()), str(overlay)]
     try:
         tail.start()
-        runner = ansible_runner.run(
-            private_data_dir=str(private),
-            project_dir=str(paths.REPO_ROOT),
-            playbook=str(playbook),
-            inventory=sources,
-            limit=limit,
-            extravars=evars,
-            envvars=env_overrides,
-            cmdline=" ".join(cmdline) or None,
-            event_handler=sink,
-            quiet=True,
-            suppress_env_files=True,
-            rotate_artifacts=1,
-            verbosity=verbosity or None,
-            settings={"suppress_ansible_output": True},
-        )
+        with interrupt:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                project_dir=str(paths.REPO_ROOT),
+                playbook=str(playbook),
+                inventory=sources,
+                limit=limit,
+                extravars=evars,
+                envvars=env_overrides,
+                cmdline=" ".join(cmdline) or None,
+                event_handler=interrupt.events(sink),
+                cancel_callback=interrupt,
+                quiet=True,
+                suppress_env_files=True,
+                rotate_artifacts=1,
+                verbosity=verbosity or None,
+                settings={"suppress_ansible_output": True},
+            )
         result = PhaseResult(playbook=str(playbook.relative_to(paths.REPO_ROOT)
                                           if playbook.is_relative_to(paths.REPO_ROOT) else playbook),
-                             ident=ident, rc=runner.rc, status=runner.status, hosts=sink.hosts,
+                             ident=ident, rc=runner.rc, hosts=sink.hosts,
+                             status="canceled" if interrupt.interrupted else runner.status,
                              stats=sink.stats, started=started)
     finally:
         tail.stop()

@@ -11,6 +11,11 @@ interactive prompt, or `--confirm <instance-id>`, repeatable, one per instance) 
 whose role looks at the box again and re-checks the same gate (rgt_gate, one copy) before it calls anything.
 Hosts that carry one instance id (rgt_shared_volume: true) are one teardown: one plan, one confirmation, one
 meter stop. `-e @job.yml` is accepted but not needed: the gate is box-wide, not per run.
+
+A stop that an earlier run requested and did not see end (Ctrl-C or a kill while it called or polled, or a poll
+that ran out of time) is on record in the ledger before the call is made: the look finds it, the plan says so,
+and the play polls the same instance to a terminal state without listing the box (it may be gone), without
+asking again and without calling again. Ctrl-C during the play says which stops were requested.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, paths
+from rgt import confirmation, errors, paths
 from rgt.ledger import ledger_dir, read_json, runs_dir
 from rgt.safetext import printable
 
@@ -40,7 +45,9 @@ platform clocks it starts.
 It refuses, exit 3, without asking and without calling anything, while a run on the box is live, or finished
 without a verified pull of the results now on the box. Otherwise it asks you to type the instance id (or take
 --confirm INSTANCE_ID, one per instance), looks at the box again and only then stops it. Hosts that share one
-instance id (rgt_shared_volume: true) are one teardown. A job spec (-e @job.yml) is accepted but not needed."""
+instance id (rgt_shared_volume: true) are one teardown. A job spec (-e @job.yml) is accepted but not needed.
+The stop is on record before it is called: after a Ctrl-C (or a poll that ran out of time), running the same
+command again polls the same instance until it is gone and never calls again."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,6 +126,12 @@ def assess(inst: Instance, look, runs: Path, lib) -> dict:
         record = next(iter(reports.values())).get("record") or {}
         item.update(status="already gone", final_state=record.get("final_state"))
         return item
+    in_flight = [r for r in reports.values() if isinstance(r, dict) and r.get("in_flight")]
+    if in_flight:  # the stop went out (or was about to) in an earlier run: poll it; the box may be gone already
+        record = in_flight[0].get("record") or {}
+        item.update(status="in flight", requested_at=record.get("requested_at") or record.get("at"),
+                    final_state=record.get("final_state"), calls=record.get("calls") or [])
+        return item
     listed = {n: r for n, r in reports.items() if isinstance(r, dict) and isinstance(r.get("box"), dict)}
     unlisted = sorted(set(inst.names) - set(listed))
     if unlisted and not listed:
@@ -190,6 +203,11 @@ def render_plan(console: Console, item: dict) -> None:
         console.print(f"  [green]already gone[/green] (ledger: {escape(str(item.get('final_state')))}): nothing "
                       "to do, nothing will be called")
         return
+    if status == "in flight":
+        console.print(f"  [yellow]a stop is in flight[/yellow]: an earlier run requested the {label} of {iid} (at "
+                      f"{escape(str(item.get('requested_at')))}) and did not see it end. rgt polls {iid} until the "
+                      "platform reports it gone; it does not list the box, ask again or call again")
+        return
     gate = item.get("gate")
     if gate is not None:
         roots = ", ".join(str(r) for r in gate["roots"]) or "?"
@@ -256,8 +274,8 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     from rgt.cli import prepare
     from rgt.phases import run_playbook
 
-    ns = argparse.Namespace(playbook="teardown", extra_vars=args.extra_vars, inventory=args.inventory,
-                            limit=args.limit, ledger=args.ledger)
+    ns = argparse.Namespace(playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), extra_vars=args.extra_vars,
+                            inventory=args.inventory, limit=args.limit, ledger=args.ledger)
     playbook, hosts, extravars = prepare(ns, pins=True)
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
@@ -274,6 +292,8 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
                         extravars={**extravars, "rgt_runs_dir": str(runs), "teardown_plan_only": True},
                         limit=",".join(h.name for h in boxes), check=True, quiet=not args.verbose,
                         verbosity=args.verbose) if boxes else None
+    if look is not None and look.status == "canceled":  # Ctrl-C while looking: nothing was asked or called
+        raise KeyboardInterrupt
     lib = manifest_lib()
     items = [k8s_run.assess(inst, ledger, runs, lib) if inst.instance_id in on_cluster
              else assess(inst, look, runs, lib) for inst in instances]
@@ -300,6 +320,7 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
         if item["status"] == "already gone":
             host_entries(item, final_state=item.get("final_state"), status="already gone")
     todo = [i for i in items if i["status"] == "ready"]
+    resumed = [i["instance_id"] for i in items if i["status"] == "in flight"]  # polled, so nothing to confirm
     interactive = sys.stdin.isatty() and not args.json
     confirmed, refused = confirmations(console, todo, args.confirm, interactive)
     for iid, reason in refused.items():
@@ -316,16 +337,21 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
         _print_outcome(console, doc["instances"][iid], outcome)
         code = errors.worst([code, {"done": errors.OK, "refused": errors.REFUSED,
                                     "unreachable": errors.UNREACHABLE}.get(outcome["status"], errors.FAILED)])
-    run_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
+    confirmed_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
+    running = [iid for iid in [*confirmed, *resumed] if iid not in on_cluster]
+    run_hosts = [h for iid in running for h in by_id[iid].hosts]
     if run_hosts:
         evars = {**extravars, "rgt_runs_dir": str(runs),
-                 "rgt_teardown_confirms": {h.name: h.instance_id for h in run_hosts}}
-        console.print(f"\n[bold]rgt[/bold] teardown of {len(confirmed)} instance(s): "
-                      + ", ".join(escape(iid) for iid in confirmed))
+                 confirmation.CHANNEL: {h.name: h.instance_id for h in confirmed_hosts}}
+        console.print(f"\n[bold]rgt[/bold] teardown of {len(running)} instance(s): "
+                      + ", ".join(escape(iid) + (" (polling the stop in flight)" if iid in resumed else "")
+                                  for iid in running))
         result = run_playbook(playbook, args.inventory, run_hosts, ledger=ledger, console=console, extravars=evars,
                               limit=",".join(h.name for h in run_hosts), verbosity=args.verbose)
         console.print()
-        for iid in confirmed:
+        if result.status == "canceled":
+            return _interrupted(console, doc, [by_id[iid] for iid in running], ledger, args)
+        for iid in running:
             outcome = _outcome(by_id[iid], result, ledger)
             doc["instances"][iid]["outcome"] = outcome
             host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
@@ -391,6 +417,41 @@ def _print_outcome(console: Console, item: dict, outcome: dict) -> None:
         console.print(f"  [red]clock now running:[/red] {escape(line)}")
 
 
+def _interrupted(console: Console, doc: dict, instances: list[Instance], ledger: Path,
+                 args: argparse.Namespace) -> int:
+    """Ctrl-C during the play: per instance, whether its stop was requested (the ledger's record, written before
+    the call) and that running the same command again polls it without calling again."""
+    cloud = paths.module_util("rgt_cloud")
+    console.print("[yellow]interrupted[/yellow]:")
+    for inst in instances:
+        item = doc["instances"][inst.instance_id]
+        records = [read_json(ledger / "teardown" / f"{name}.json") for name in inst.names]
+        states = [cloud.record_state(r, inst.instance_id) for r in records]
+        record = next((r for r, s in zip(records, states, strict=True) if s != cloud.RECORD_NONE), None) or {}
+        if cloud.RECORD_IN_FLIGHT in states:
+            status = "interrupted (stop requested)"
+            console.print(f"  [bold]{escape(inst.instance_id)}[/bold]: the {escape(str(item['label']))} was "
+                          f"requested at {escape(str(record.get('requested_at')))} (ledger {escape(str(ledger))}"
+                          "/teardown); the platform had not reported it gone. Run the same command again: it polls "
+                          f"{escape(inst.instance_id)} and never calls again")
+        elif cloud.RECORD_GONE in states:
+            status = "done"
+            console.print(f"  [bold]{escape(inst.instance_id)}[/bold]: {escape(str(record.get('final_state')))}")
+        else:
+            status = "interrupted (nothing called)"
+            console.print(f"  [bold]{escape(inst.instance_id)}[/bold]: interrupted before any call; nothing was "
+                          "stopped")
+        outcome = {"host": inst.names[0], "refused": False, "status": status, "calls": record.get("calls") or [],
+                   "final_state": record.get("final_state"), "messages": [], "report": {}}
+        item["outcome"] = outcome
+        for name in inst.names:
+            doc["hosts"][name] = {"instance_id": inst.instance_id, "refused": False, "status": status,
+                                  "final_state": record.get("final_state"),
+                                  **{k: item[k] for k in ("profile", "verb", "label", "reversible", "deletes",
+                                                          "keeps_billing")}}
+    return _finish(console, doc, errors.INTERRUPTED, args)
+
+
 def _finish(console: Console, doc: dict, code: int, args: argparse.Namespace) -> int:
     from rgt.cli import emit
 
@@ -405,6 +466,9 @@ def _finish(console: Console, doc: dict, code: int, args: argparse.Namespace) ->
 
 def _next_step(doc: dict, inventory: str) -> str:
     items = list(doc["instances"].values())
+    if any(str((i.get("outcome") or {}).get("status", "")).startswith("interrupted") for i in items):
+        return f"run the same command again (rgt-run teardown -i {inventory}): a stop that was requested is polled, " \
+               "never called again"
     if any(i.get("status") == "refused" for i in items):
         return (f"wait for live runs to end (rgt-run watch -i {inventory}), rgt-run pull -i {inventory} (seal, pull "
                 f"and verify every finished run), then rgt-run teardown -i {inventory}")

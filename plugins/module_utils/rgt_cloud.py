@@ -15,6 +15,9 @@ through one HTTP helper on Ansible's `open_url`
 
 `teardown()` is the one algorithm for all of them: look first (already gone: no call), call the meter-stop
 ONCE, re-query on a timeout or a 409 instead of calling again, then poll until the platform says gone (bounded).
+Its `on_call` hook lets the caller record the intent atomically right before the call and again once it is
+answered, so a run killed anywhere after that point leaves a record that `record_state()` reads as a stop in
+flight: the next run polls the same instance and never calls again.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -36,6 +39,15 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry
 GONE = "gone"
 STOPPED = "stopped"
 UNKNOWN = "unknown — check the console"
+# the record's final_state from right before the meter-stop call until the poll sees a terminal state: a record
+# left like this was interrupted (Ctrl-C, a kill, a crash) and the call may have reached the platform
+REQUESTED = "requested — not reported gone yet"
+RECORDED_GONE = (GONE, "already " + GONE)  # a record that says so ends a later teardown before anything is touched
+
+# what record_state() says of an earlier record of one instance
+RECORD_GONE = "gone"
+RECORD_IN_FLIGHT = "in_flight"
+RECORD_NONE = "none"
 
 
 class CloudError(Exception):
@@ -349,23 +361,55 @@ def make_client(api, **kw):
     return CLIENTS[name](api, **kw)
 
 
+def _accepted_or_unanswered(call):
+    """A recorded non-GET call that the platform accepted (2xx) or that got no answer (it may have taken effect)."""
+    if not isinstance(call, dict) or call.get("method") in (None, "GET"):
+        return False
+    status = call.get("status")
+    return status in ("timeout", None) or (isinstance(status, int) and status < 300)
+
+
+def record_state(record, instance_id):
+    """What an earlier teardown record (the ledger's `<host>.json`) says of `instance_id`: RECORD_GONE (nothing
+    to do), RECORD_IN_FLIGHT (a meter-stop call was made, or was about to be, and no terminal state was seen:
+    poll the instance, never call again) or RECORD_NONE (no record of it, another instance's, or a stop that
+    was refused or never made). Anything that is not a record reads as RECORD_NONE, never as a fact."""
+    if not isinstance(record, dict) or record.get("instance_id") != instance_id:
+        return RECORD_NONE
+    final = record.get("final_state")
+    final = final if isinstance(final, str) else ""
+    if final in RECORDED_GONE:
+        return RECORD_GONE
+    if final == REQUESTED:
+        return RECORD_IN_FLIGHT
+    calls = record.get("calls") if isinstance(record.get("calls"), list) else []
+    if final.startswith("unknown") and any(_accepted_or_unanswered(c) for c in calls):
+        return RECORD_IN_FLIGHT
+    return RECORD_NONE
+
+
 def teardown(client, instance_id, poll_timeout_s=300.0, poll_interval_s=5.0, clock=time.monotonic,
-             sleep=time.sleep, resume_poll=False):
+             sleep=time.sleep, resume_poll=False, on_call=None):
     """Stop the meter once and poll until the platform says so. Returns a result dict; raises CloudError for
     auth/config errors and for a refused call, and returns final_state UNKNOWN when the poll runs out.
-    `resume_poll`: an earlier run already made the call and ran out of time polling: only poll again."""
+    `resume_poll`: an earlier run made the call (or was killed making it) and saw no terminal state: only poll.
+    `on_call(stage)`: called right before the meter-stop call ("requested") and once it was answered or found
+    to have taken effect ("answered"): the caller records the intent there, before the poll can be interrupted."""
     result = {"final_state": None, "already": False, "stop_called": False, "warnings": client.warnings,
               "states": []}
     first = client.state(instance_id)
     result["states"].append(first)
     if client.gone(first, after_call=resume_poll):
-        result.update(final_state=client.done_label, already=True)
+        # gone at the first look: already gone, unless it is the stop an earlier run requested that ended
+        result.update(final_state=client.done_label, already=not resume_poll)
         return result
     try:
         if resume_poll:
             client.warnings.append("the meter-stop call was made by an earlier run; polling again, not calling")
         else:
             result["stop_called"] = True
+            if on_call:
+                on_call("requested")
             client.stop(instance_id)
     except CloudError as exc:
         if exc.kind not in ("timeout", "network", "conflict") and exc.status != 404:
@@ -380,6 +424,8 @@ def teardown(client, instance_id, poll_timeout_s=300.0, poll_interval_s=5.0, clo
                              (exc.message, seen), kind=exc.kind, status=exc.status) from None
         client.warnings.append("%s; the platform already reports '%s', so the call took effect" %
                                (exc.message, seen))
+    if result["stop_called"] and on_call:
+        on_call("answered")
     deadline = clock() + poll_timeout_s
     while True:
         try:

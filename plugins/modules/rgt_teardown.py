@@ -35,8 +35,16 @@ description:
   - C(manual) prints the profile's steps and calls nothing; C(none) has nothing to stop; C(scancel) returns the
     command for the role to run on the login node; C(delete_job) calls nothing here (C(rgt-run teardown) deletes
     the run's Jobs by name, docs/kubernetes.md) and says so.
-  - Writes the record C({instance_id, verb, reversible, calls, final_state, keeps_billing, at}) to
-    I(ledger_path) (atomic) once the gate passed, and returns the same.
+  - Writes the record C({instance_id, verb, reversible, calls, final_state, keeps_billing, at}) (atomic) to
+    I(ledger_path) and, with I(ledger_dir), to C(<ledger_dir>/<host>.json) of I(host) and of every host in
+    I(instance_hosts) (one instance, one record) once the gate passed, and returns the same. An API verb records
+    its intent right before the meter-stop call (C(final_state) C(requested — not reported gone yet),
+    C(requested_at)) and again once the call is answered, so a run interrupted while it calls or polls (Ctrl-C,
+    a kill) leaves a record saying the stop is in flight.
+  - A record of this instance that says a stop is in flight (that intent, or C(unknown — check the console) after
+    a call the platform accepted or never answered) makes this run poll the same instance to a terminal state
+    without calling again, and without the gate or the confirmation (the box may already be gone, and nothing
+    destructive is done); C(resumed) is true and the record keeps the earlier calls.
   - The API key is read from the environment variable named by the profile (C(meter_stop.api.key_env)); it is
     never an option, never logged and never returned.
 author:
@@ -98,10 +106,14 @@ options:
   ledger_path:
     description: Where to write the teardown record (JSON); empty to skip.
     type: path
+  ledger_dir:
+    description: The directory of the teardown records C(<host>.json); the record is read from and written to
+      the file of I(host) and of every host in I(instance_hosts). Empty to skip.
+    type: path
   resume_poll:
     description:
-      - The record at I(ledger_path) says an earlier run made the meter-stop call for this instance and then ran
-        out of time polling (C(unknown)); poll again without calling. Read from the record when not given.
+      - Only poll the instance, never call (an earlier run made the meter-stop call, or was interrupted making it,
+        and saw no terminal state). Read from the records (I(ledger_path), I(ledger_dir)) when not given.
     type: bool
 notes:
   - Supports check mode (the gate is evaluated; nothing is called; the result says what would happen).
@@ -144,7 +156,8 @@ calls:
   returned: success
   type: list
 final_state:
-  description: C(gone), C(stopped), C(already gone), C(unknown — check the console), or what a non-API verb did.
+  description: C(gone), C(stopped), C(already gone), C(unknown — check the console), C(requested — not reported
+    gone yet) (only in a record a run left when it was interrupted), or what a non-API verb did.
   returned: success
   type: str
 keeps_billing:
@@ -186,6 +199,11 @@ remote_jobs:
     then the job each run on the box submitted through sbatch).
   returned: when verb is scancel
   type: list
+resumed:
+  description: A stop an earlier run requested was polled (the record said it was in flight); nothing was gated,
+    nothing was called.
+  returned: always
+  type: bool
 rc_hint:
   description: 3 when the gate refused (the runner's exit code).
   returned: on refusal
@@ -230,24 +248,48 @@ def write_record(path, record):
         os.fsync(handle.fileno())
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+    try:  # the rename itself survives a crash only once the directory is on disk
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
-def call_made_before(path, instance_id):
-    """True when the earlier record for this instance shows a meter-stop call and an unknown outcome."""
-    if not path or not os.path.exists(path):
-        return False
+def record_paths(p):
+    """Every record of this instance: I(ledger_path), and with I(ledger_dir) the file of each of its hosts."""
+    out = [p["ledger_path"]] if p["ledger_path"] else []
+    if p["ledger_dir"]:
+        for name in sorted(set((p["instance_hosts"] or []) + [p["host"]])):
+            out.append(os.path.join(p["ledger_dir"], name + ".json"))
+    return [path for i, path in enumerate(out) if path not in out[:i]]
+
+
+def write_records(p, record):
+    for path in record_paths(p):
+        write_record(path, record)
+
+
+def read_record(path):
     try:
         with open(path) as handle:
-            prev = json.load(handle)
+            return json.load(handle)
     except (IOError, OSError, ValueError):
-        return False
-    if not isinstance(prev, dict) or prev.get("instance_id") != instance_id:
-        return False
-    if not str(prev.get("final_state") or "").startswith("unknown"):
-        return False
-    return any(c.get("method") != "GET" and (c.get("status") == "timeout" or
-                                             (isinstance(c.get("status"), int) and c["status"] < 300))
-               for c in prev.get("calls") or [] if isinstance(c, dict))
+        return None
+
+
+def in_flight_record(p):
+    """The first record of this instance that says a meter-stop call is in flight (rgt_cloud.record_state), or
+    None: this run then polls and never calls again."""
+    for path in record_paths(p):
+        record = read_record(path)
+        if rgt_cloud.record_state(record, p["instance_id"]) == rgt_cloud.RECORD_IN_FLIGHT:
+            return record
+    return None
 
 
 def _now():
@@ -255,55 +297,64 @@ def _now():
 
 
 # One function per meter-stop verb of rgt_registry (``stop_<impl>``): each fills the record (final_state, calls),
-# may add to `extra` (warnings, remote_jobs) and returns whether it changed anything.
+# may add to `extra` (warnings, remote_jobs) and returns whether it changed anything. `earlier`: the record of a
+# stop in flight (only an API verb makes one), else None.
 
-def stop_api(module, p, api, record, extra, base, gate):
-    """A control-plane client (rgt_cloud): look, call once, poll until gone."""
-    resume = p["resume_poll"]
-    if resume is None:
-        resume = call_made_before(p["ledger_path"], p["instance_id"])
+def stop_api(module, p, api, record, extra, base, gate, earlier=None):
+    """A control-plane client (rgt_cloud): look, record the intent, call once, record the answer, poll until gone.
+    `earlier`: the record of a stop in flight (poll only, keep its calls), else None."""
+    resume = earlier is not None
+    before = list(earlier.get("calls") or []) if resume else []
     try:
         client = rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
     except rgt_cloud.CloudError as exc:
         module.fail_json(msg=exc.message, kind=exc.kind, gate=gate, calls=[], **base)
+
+    def on_call(stage):
+        # right before the call and once it is answered: a run killed from here on leaves a stop in flight
+        record.update(calls=before + client.calls, final_state=rgt_cloud.REQUESTED, at=_now())
+        record.setdefault("requested_at", record["at"])
+        write_records(p, record)
+
     try:
         outcome = rgt_cloud.teardown(client, p["instance_id"], poll_timeout_s=p["poll_timeout_s"],
-                                     poll_interval_s=p["poll_interval_s"], resume_poll=resume)
+                                     poll_interval_s=p["poll_interval_s"], resume_poll=resume, on_call=on_call)
     except rgt_cloud.CloudError as exc:
-        record.update(calls=client.calls, final_state=rgt_cloud.UNKNOWN if client.calls and any(
-            c["method"] != "GET" for c in client.calls) else "not stopped", at=_now(), error=exc.message)
-        write_record(p["ledger_path"], record)
+        calls = before + client.calls
+        record.update(calls=calls, final_state=rgt_cloud.UNKNOWN if any(
+            c.get("method") != "GET" for c in calls) else "not stopped", at=_now(), error=exc.message)
+        write_records(p, record)
         module.fail_json(msg="%s: %s" % (p["instance_id"], exc.message), kind=exc.kind, gate=gate,
                          **dict(base, **record))
     still = client.leftovers(p["instance_id"]) if outcome["final_state"] != rgt_cloud.UNKNOWN else []
     final = ("already " + outcome["final_state"]) if outcome["already"] else outcome["final_state"]
-    record.update(calls=client.calls, final_state=final, at=_now(), states=outcome["states"])
+    record.update(calls=before + client.calls, final_state=final, at=_now(), states=outcome["states"])
     extra.update(warnings=extra.get("warnings", []) + outcome["warnings"], still_billing=still)
     if still:
         record["keeps_billing"] = record["keeps_billing"] + still
     if final == rgt_cloud.UNKNOWN:
         record["last_seen"] = outcome.get("last_seen")
-        write_record(p["ledger_path"], record)
+        write_records(p, record)
         module.fail_json(msg="%s: the platform did not report the instance gone within %.0f s (last seen: %s); "
                          "not calling again — %s" % (p["instance_id"], p["poll_timeout_s"],
                                                      outcome.get("last_seen"), rgt_cloud.UNKNOWN),
                          gate=gate, **dict(base, **dict(record, **extra)))
-    return outcome["stop_called"]
+    return outcome["stop_called"] or resume
 
 
-def stop_none(module, p, api, record, extra, base, gate):
+def stop_none(module, p, api, record, extra, base, gate, earlier=None):
     record.update(final_state="nothing to stop", at=_now())
     return False
 
 
-def stop_scancel(module, p, api, record, extra, base, gate):
+def stop_scancel(module, p, api, record, extra, base, gate, earlier=None):
     """The role runs each command on the login node and watches each job end."""
     record.update(final_state="scancel requested on the login node", at=_now())
     extra["remote_jobs"] = rgt_slurm.teardown_jobs(p["instance_id"], p["box_runs"])
     return True
 
 
-def stop_delete_job(module, p, api, record, extra, base, gate):
+def stop_delete_job(module, p, api, record, extra, base, gate, earlier=None):
     """A Kubernetes host's meter is its run's Jobs, which only the runner knows by name (rgt.k8s_run, from the
     ledger): the role alone deletes nothing and says how (never a Job named after the instance id)."""
     record.update(final_state="manual — nothing was called: `rgt-run teardown` deletes this host's run Jobs by "
@@ -311,7 +362,7 @@ def stop_delete_job(module, p, api, record, extra, base, gate):
     return False
 
 
-def stop_manual(module, p, api, record, extra, base, gate):
+def stop_manual(module, p, api, record, extra, base, gate, earlier=None):
     record.update(final_state="manual — nothing was called: follow the steps in the platform console", at=_now())
     return False
 
@@ -332,6 +383,7 @@ def main():
             poll_interval_s=dict(type="float", default=5),
             http_timeout_s=dict(type="float", default=30),
             ledger_path=dict(type="path"),
+            ledger_dir=dict(type="path"),
             resume_poll=dict(type="bool"),
         ),
         supports_check_mode=True,
@@ -343,6 +395,7 @@ def main():
     reversible = bool(meter.get("reversible"))
     keeps = list(meter.get("keeps_billing") or [])
     base = dict(instance_id=p["instance_id"], verb=verb, label=meter.get("label") or verb, reversible=reversible,
+                resumed=False,
                 deletes=rgt_gate.deleted_mounts(profile), keeps_billing=keeps,
                 manual_steps=list(meter.get("manual_steps") or []), post_check=meter.get("post_check") or "",
                 clocks=rgt_gate.clocks_started(profile))
@@ -357,21 +410,38 @@ def main():
         module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False,
                          **base)
 
-    gate = check_gate(p)
+    # a stop an earlier run requested and did not see through: poll it, call nothing, gate nothing (the box may
+    # be gone already, and a poll destroys nothing)
+    earlier = None
+    if method.client_class and p["resume_poll"] is not False:
+        earlier = in_flight_record(p)
+        if earlier is None and p["resume_poll"]:
+            earlier = {"calls": []}
+    if earlier is not None:
+        base["resumed"] = True
+        note = ("the %s of %s was requested by an earlier run (at %s) that did not see it end: polling it, calling "
+                "nothing" % (verb, p["instance_id"], earlier.get("requested_at") or earlier.get("at") or "an unknown "
+                             "time"))
+        gate = {"instance_id": p["instance_id"], "hosts": p["instance_hosts"] or [p["host"]], "passed": True,
+                "reasons": [], "runs": [], "others": [], "roots": [], "notes": [note]}
+    else:
+        gate = check_gate(p)
     if not gate["passed"]:
         module.fail_json(msg="teardown refused for %s (%s %s): %s" % (p["host"], verb, p["instance_id"],
                                                                       "; ".join(gate["reasons"])),
                          rc_hint=3, gate=gate, changed=False, **base)
 
     if module.check_mode:
-        module.exit_json(changed=True, gate=gate, final_state="not called (check mode): would %s %s"
-                         % (verb, p["instance_id"]), calls=[], **base)
+        module.exit_json(changed=True, gate=gate, final_state="not called (check mode): would %s %s" % (
+            "poll" if earlier is not None else verb, p["instance_id"]), calls=[], **base)
 
     record = dict(instance_id=p["instance_id"], verb=verb, reversible=reversible, calls=[], final_state=None,
                   keeps_billing=keeps, at=None)
+    if earlier is not None and earlier.get("requested_at"):
+        record["requested_at"] = earlier["requested_at"]
     extra = {}
     api = meter.get("api") or {}
-    if method.client_class:
+    if method.client_class and earlier is None:
         try:
             rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
         except rgt_cloud.CloudError as exc:
@@ -380,8 +450,8 @@ def main():
                 # steps are the way, not an error; with the key set, rgt makes the call itself
                 extra["warnings"] = ["%s; follow the console steps below instead" % exc.message]
                 method = rgt_registry.meter_stop("manual")
-    changed = globals()["stop_" + method.impl](module, p, api, record, extra, base, gate)
-    write_record(p["ledger_path"], record)
+    changed = globals()["stop_" + method.impl](module, p, api, record, extra, base, gate, earlier)
+    write_records(p, record)
     module.exit_json(changed=changed, gate=gate, **dict(base, **dict(record, **extra)))
 
 

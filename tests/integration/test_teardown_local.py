@@ -5,6 +5,7 @@ calling. No job spec is needed: the gate is box-wide."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,8 +106,8 @@ def test_autodl_power_off_is_reversible_and_waits_for_shutdown(tmp_path):
     box = Box(tmp_path, "autodl", "adl-local-1")
     with AutoDL(token="adl-token", lag_s=1.0) as fake:
         fake.add_instance("adl-local-1")
-        proc = box.play(env={"AUTODL_TOKEN": "adl-token"}, teardown_base_url=fake.url,
-                        rgt_teardown_confirm="adl-local-1")
+        # an ops team's own play confirms the role with its own variable (rgt-run refuses it and asks instead)
+        proc = box.play(env={"AUTODL_TOKEN": "adl-token"}, teardown_base_url=fake.url, teardown_confirm="adl-local-1")
         assert proc.returncode == 0, proc.stdout
         assert len(fake.calls("POST")) == 1
         assert all(r["headers"]["Authorization"] == "<redacted>" for r in fake.calls())
@@ -138,3 +139,26 @@ def test_autodl_without_a_token_gives_the_console_steps_for_power_off(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "AUTODL_TOKEN is not set" in proc.stdout and "关机" in proc.stdout
     assert box.record()["final_state"].startswith("manual")
+
+
+def test_playbook_alone_resumes_a_stop_in_flight_by_polling_without_a_confirmation(tmp_path):
+    """An earlier run recorded its terminate and was killed while it polled: the role polls the same pod to the
+    end without listing the box, asking or calling again, and keeps the earlier call in the record."""
+    box = Box(tmp_path, "runpod", "pod-local-resume")
+    delete = {"method": "DELETE", "path": "/v2/pods/pod-local-resume", "status": 204}
+    (box.ledger / "teardown").mkdir(parents=True)
+    (box.ledger / "teardown" / "box.json").write_text(json.dumps({
+        "instance_id": "pod-local-resume", "verb": "terminate", "reversible": False, "keeps_billing": [],
+        "final_state": "requested — not reported gone yet", "requested_at": "2026-12-01T06:43:00+00:00",
+        "calls": [{"method": "GET", "path": "/v2/pods/pod-local-resume", "status": 200}, delete]}))
+    with RunPodV2(token="t", lag_s=1.0) as fake:
+        fake.add_pod("pod-local-resume")
+        fake.mark_gone("pod-local-resume")  # terminated by the earlier run; still listed for a second
+        proc = box.play(env={"RUNPOD_API_KEY": "t"}, teardown_base_url=fake.url)
+        assert proc.returncode == 0, proc.stdout
+        assert fake.mutating_calls() == [] and fake.calls("GET")
+    assert re.search(r"List every run on the box[^\n]*\nskipping: \[box\]", proc.stdout), proc.stdout
+    rec = box.record()
+    assert rec["final_state"] == "gone" and rec["requested_at"] == "2026-12-01T06:43:00+00:00"
+    assert rec["calls"][:2] == [{"method": "GET", "path": "/v2/pods/pod-local-resume", "status": 200}, delete]
+    assert rec["calls"][-1]["status"] == 404

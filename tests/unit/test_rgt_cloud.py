@@ -216,3 +216,43 @@ def test_resume_poll_after_an_unknown_outcome_polls_without_calling_again(plane)
                        resume_poll=True)
     assert again["final_state"] == c.GONE and not again["stop_called"]
     assert len(fake.calls("DELETE")) == 1
+
+
+def test_the_intent_is_on_record_before_the_call_and_again_once_it_is_answered(plane):
+    """A run killed anywhere after the first hook leaves a record of a stop in flight (issue 17)."""
+    fake = plane("vast", lag_s=60)
+    fake.add_instance("4343")
+    client = client_for(fake, "vast_rest")
+    seen = []
+    c.teardown(client, "4343", poll_timeout_s=0.3, poll_interval_s=0.1,
+               on_call=lambda stage: seen.append((stage, len(fake.calls("DELETE")), list(client.calls))))
+    assert [(stage, deletes) for stage, deletes, _ in seen] == [("requested", 0), ("answered", 1)]
+    assert seen[1][2][-1] == {"method": "DELETE", "path": "/api/v0/instances/4343/", "status": 200}
+
+
+def test_a_stop_found_gone_when_resuming_is_gone_not_already_gone(plane):
+    fake = plane("runpod")
+    out = c.teardown(client_for(fake, "runpod_rest"), "pod-ended", poll_timeout_s=1, poll_interval_s=0.1,
+                     resume_poll=True)
+    assert out["final_state"] == c.GONE and not out["already"] and not out["stop_called"]
+    assert fake.mutating_calls() == []
+
+
+DELETE_OK = {"method": "DELETE", "path": "/v2/pods/p", "status": 204}
+
+
+@pytest.mark.parametrize("record, state", [
+    ({"instance_id": "p", "final_state": c.REQUESTED, "calls": []}, c.RECORD_IN_FLIGHT),  # killed before the call
+    ({"instance_id": "p", "final_state": c.REQUESTED, "calls": [DELETE_OK]}, c.RECORD_IN_FLIGHT),  # ... polling
+    ({"instance_id": "p", "final_state": c.UNKNOWN, "calls": [DELETE_OK]}, c.RECORD_IN_FLIGHT),  # poll ran out
+    ({"instance_id": "p", "final_state": c.UNKNOWN, "calls": [{**DELETE_OK, "status": "timeout"}]},
+     c.RECORD_IN_FLIGHT),  # a hung call may have taken effect
+    ({"instance_id": "p", "final_state": c.UNKNOWN, "calls": [{**DELETE_OK, "status": 401}]}, c.RECORD_NONE),
+    ({"instance_id": "p", "final_state": "not stopped", "calls": []}, c.RECORD_NONE),
+    ({"instance_id": "p", "final_state": "gone", "calls": [DELETE_OK]}, c.RECORD_GONE),
+    ({"instance_id": "p", "final_state": "already gone", "calls": []}, c.RECORD_GONE),
+    ({"instance_id": "other", "final_state": c.REQUESTED, "calls": []}, c.RECORD_NONE),  # another instance's
+    (None, c.RECORD_NONE), ("not a record", c.RECORD_NONE), ({"instance_id": "p", "calls": "?"}, c.RECORD_NONE),
+])
+def test_what_an_earlier_record_says_of_the_instance(record, state):
+    assert c.record_state(record, "p") == state

@@ -151,3 +151,21 @@ def test_a_slurm_plan_names_every_job_the_teardown_will_cancel_before_asking(tmp
     td.render_plan(console, item)
     assert "cancels the Slurm jobs (each that is still queued or running): login-1, 41, 42_0, 42_1" in \
         console.file.getvalue()
+
+
+def test_a_stop_in_flight_is_planned_as_a_poll_without_the_box_or_a_confirmation(tmp_path):
+    """An earlier run was interrupted after it recorded the stop: the plan polls it, whatever the box says (one
+    host of the instance could not even be reached: the box may be gone already)."""
+    record = {"instance_id": "pod-1", "final_state": "requested — not reported gone yet",
+              "requested_at": "2026-12-01T06:43:00+00:00", "calls": [{"method": "DELETE", "path": "/v2/pods/pod-1",
+                                                                     "status": 204}]}
+    look = looked({"a": {"already_gone": False, "in_flight": True, "record": record}}, unreachable=["b"])
+    item = td.assess(instance("runpod", "pod-1", "a", "b"), look, tmp_path, td.manifest_lib())
+    assert item["status"] == "in flight" and item["gate"] is None
+    assert item["requested_at"] == "2026-12-01T06:43:00+00:00"
+    assert td._look_code([item]) == 0
+    console = Typed([])
+    td.render_plan(console, item)
+    text = console.file.getvalue()
+    assert "a stop is in flight" in text and "2026-12-01T06:43:00+00:00" in text and "call again" in text
+    assert "gate:" not in text
