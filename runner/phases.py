@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -19,6 +20,8 @@ from rgt import errors, memory, paths
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
 from rgt.progress import ProgressTail
+
+_layout = paths.module_util("rgt_runlayout")
 
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
@@ -86,6 +89,10 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     env = ansible_env()
     env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH", "PWD")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
+    # rgt's own virtual environment, named for the local connection's launch: the job wrapper keeps it (and every
+    # ANSIBLE_* variable) out of the job's environment (rgt_runlayout.job_base_env)
+    if _layout.is_venv(sys.prefix):
+        env_overrides[_layout.RUNNER_PREFIX_ENV] = sys.prefix
     evars = dict(extravars or {})
     evars["rgt_ledger_dir"] = str(ledger)
     # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them

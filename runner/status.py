@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors
+from rgt import endings, errors
 from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 
 BACKOFF_CAP_S = 600
@@ -285,6 +285,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     docs = poll(args, console, hosts, extravars, ledger)
     render_table(console, docs)
+    endings.annotate(docs, hosts, args, console)  # a run that ended by a signal: what happened, what to run
     tallies = sweep_tallies(console, ledger, hosts, docs)
     code = exit_code(docs, tallies)
     console.print(f"exit {code} · ledger {ledger / 'status'}")
@@ -477,6 +478,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"  [red]attention[/red] {item['host']}: {att.get('id')}: {att.get('message')}")
             if item.get("error"):
                 console.print(f"  [magenta]{item['host']}[/magenta]: {item['error']}")
+    if latest:
+        endings.annotate(latest, hosts, args, console, watching=True)
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
     tallies = sweep_tallies(console, ledger, hosts, latest) if latest else []
     code = exit_code(latest, tallies) if latest else code

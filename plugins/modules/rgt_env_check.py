@@ -24,6 +24,10 @@ description:
     C(sys.executable), the Python version, the prefix and conda env, and whether C(torch) imports, its
     version,
     C(torch.version.cuda), C(torch.cuda.is_available()), the device count, capability and arch list.
+  - The hook and the probe start from the environment the job starts from (module_utils
+    C(rgt_runlayout.job_base_env), the job wrapper's rule) - the login environment without rgt's own variables
+    (C(ANSIBLE_*), those of ansible-runner and tmux) and without the virtual environments rgt runs from, with the
+    interpreter's directory first on C(PATH) - so C(python) in the job's command is the interpreter checked here.
   - Reads the CUDA version the driver supports from the C(nvidia-smi) header, and lists GPUs with
     C(nvidia-smi -L).
     Without C(nvidia-smi) the driver CUDA is null and the GPU checks that need it are skipped.
@@ -389,7 +393,9 @@ def main():
                          % (python, where, fix))
 
     findings = []
-    base_env = dict(os.environ)
+    # the environment the job starts from (the wrapper's rule): rgt's own variables and virtual environments out,
+    # the interpreter's directory first on PATH, so what is probed here is what the job runs
+    base_env = rl.job_base_env(os.environ, python, rl.own_prefixes())
     base_env["LC_ALL"] = "C"
     base_env.pop("LANGUAGE", None)
 
