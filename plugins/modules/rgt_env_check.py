@@ -48,6 +48,13 @@ options:
       - The module fails when the path is not absolute, does not exist or is not executable.
     type: str
     required: true
+  command:
+    description:
+      - The job's command (C(rgt_job.command)). Each interpreter it runs by name (C(python), C(python3), ...: the
+        first word of a simple command) is looked up on the job's C(PATH); one that is not in the directory of
+        I(python) is a C(command_interpreter) warning (the job would run another interpreter than the one checked).
+      - Null skips that check.
+    type: str
   proxy_hook:
     description:
       - Shell line from the profile's C(network.proxy_hook), e.g. C(source /etc/network_turbo 2>/dev/null ||
@@ -190,6 +197,7 @@ env_report:
 
 import json
 import os
+import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -349,6 +357,13 @@ def scan_crlf(root):
     return found, False
 
 
+def resolve(word, path):
+    """The file a command word runs: an absolute path when executable, else the first match on `path`; None."""
+    if os.path.isabs(word):
+        return word if os.path.isfile(word) and os.access(word, os.X_OK) else None
+    return shutil.which(word, path=path or "")
+
+
 def probe_interpreter(python, env, timeout):
     rc, out, err = _run([python, "-c", PROBE], env, timeout)
     if rc is None:
@@ -369,6 +384,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             python=dict(type="str", required=True),
+            command=dict(type="str"),
             proxy_hook=dict(type="str", no_log=True),
             network_env=dict(type="dict", default={}),
             no_proxy=dict(type="list", elements="str", default=[]),
@@ -430,6 +446,9 @@ def main():
                                 "nvidia-smi runs but finds no GPUs (a no-GPU/CPU-only start mode?)",
                                 "restart the instance with GPUs attached before launching a GPU job"))
     gpus_present = None if smi["gpu_count"] is None else smi["gpu_count"] > 0
+
+    if p["command"]:  # what `python` in the command is on the job's PATH (the declared interpreter's dir first)
+        findings.extend(ec.command_findings(p["command"], python, lambda word: resolve(word, env.get("PATH"))))
 
     info, error = probe_interpreter(python, env, p["timeout"])
     if info is None:
