@@ -54,6 +54,7 @@ def single_run_owners(hosts: list, run_id: str, ledger) -> list:
 
 
 def cmd_retry(args: argparse.Namespace, console: Console) -> int:
+    from rgt import k8s_run
     from rgt.cli import emit, prepare
     from rgt.ledger import ledger_dir
     from rgt.phases import run_playbook
@@ -78,6 +79,10 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
                              fix="name a run or cell as `rgt-run status` lists it; give its job with -e @job.yml "
                                  "when the ledger does not know it", field="cell")
         host = owners[0]
+        if k8s_run.is_k8s(host):
+            raise InputError(f"{args.cell} on {host.name} is a Kubernetes Job: a failed Job is never started again "
+                             "(docs/kubernetes.md)", fix="start it as a new run: give rgt_job a new run_id and run "
+                             "`rgt-run train`", field="cell")
         # a failed or killed run only: a preempted or dead one is left to train and watch
         evars = {**extravars, "launch_detached_use_new_code": False, "launch_detached_relaunch_failed": True,
                  "launch_detached_relaunch": False}
@@ -90,14 +95,14 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
     report = (outcome.results.get("launch_detached_report") if outcome else None) or {}
     if sweep:
         cell = next((c for c in report.get("cells") or [] if c.get("run_id") == args.cell), None)
-    else:
-        cell = report if report.get("state") else None
-    state = (cell or {}).get("state")
+    else:  # a single run: started now, or it was left as it was (live, finished, preempted, dead)
+        cell = report if report.get("state") and report.get("action") in ("launch", "relaunch") else None
+    state = (cell or {}).get("state") if sweep else report.get("state")
     if result.exit_code != errors.OK:
         code = result.exit_code
         why = ((outcome.messages if outcome else None) or ["the launch failed"])[-1][:600]
         console.print(f"[red]not retried[/red]: {escape(why)}")
-    elif state in ("queued", "running"):
+    elif cell is not None and state in ("queued", "running"):
         code = errors.OK
         console.print(f"[green]{escape(args.cell)}: {state}[/green] (attempt {cell.get('attempt')})")
     else:
