@@ -122,3 +122,11 @@ def test_a_slurm_extra_option_rgt_sets_itself_is_refused_naming_its_index(tmp_pa
     doc = _refused(tmp_path, capsys, {"slurm": {"extra": extra}})
     assert doc["field"] == f"rgt_job.slurm.extra[{index}]"
     assert named in doc["error"] + doc["fix"]
+
+
+def test_the_init_job_runs_the_interpreter_it_declares():
+    """`python3 train.py` beside `python: /usr/bin/python3`: the name is looked up in that directory first (a box
+    without /usr/bin/python would run another `python`)."""
+    for name in ("local", "runpod", "autodl", "generic_ssh", "slurm"):
+        job = yaml.safe_load(job_text(load_profile(name)))["rgt_job"]
+        assert job["command"].split()[0] == Path(job["python"]).name, (name, job)
