@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 from rich.console import Console
@@ -80,6 +80,8 @@ def inventory_text(profile: dict) -> str:
 
 def job_text(profile: dict) -> str:
     interpreter = (profile.get("env_contract") or {}).get("interpreter")
+    # the command runs the interpreter declared below by its own name (its directory comes first on the job's PATH)
+    runs = PurePosixPath(interpreter or "/usr/bin/python3").name
     spot = bool((profile.get("spot") or {}).get("available"))
     roots = profile.get("roots") or {}
     on_k8s = k8s.is_k8s(profile)
@@ -92,7 +94,7 @@ def job_text(profile: dict) -> str:
     out += [f"# Beware: {clock}" for clock in profile.get("danger_clocks") or []]
     fields = [
         ("name", "my-run", "the run id: letters, digits, '.', '_', '-'; the same name is the same run"),
-        ("command", "python train.py", "run from the shipped code dir, through bash, exactly as written"),
+        ("command", f"{runs} train.py", "run from the shipped code dir, through bash, exactly as written"),
         ("python", interpreter or "/usr/bin/python3",
          "the interpreter inside the image (the wrapper runs with it)" if on_k8s else
          "the interpreter on the box (never guessed)" + ("" if interpreter else ": check it with env_check")),

@@ -24,6 +24,7 @@ from rgt.profiles import ProfileError, load_profile, profile_names
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
 _sweep = paths.module_util("rgt_sweep")  # a sweep's cells and their run ids
+_slurm = paths.module_util("rgt_slurm")  # the sbatch options rgt passes itself
 
 
 @dataclass
@@ -131,7 +132,9 @@ def _nonfinite(value: object, path: str) -> str | None:
 def check_job(job: dict, where: str, base: Path | None = None) -> None:
     """What the schema cannot say: names built into paths on the box (the box's own rule), env names, NaN and
     infinities, output and checkpoint paths that stay inside the run, a code dir that exists (a relative one
-    against `base`, the directory of the file it was written in; default the current directory)."""
+    against `base`, the directory of the file it was written in; default the current directory), no sbatch option
+    in slurm.extra that rgt passes itself (rgt_slurm.extra_problem), and a sweep's cells (at most
+    rgt_sweep.MAX_CELLS, counted before any is built)."""
     bad = _nonfinite(job, "rgt_job")
     if bad:
         raise InputError(f"{where}: {bad} is not a finite number", fix="give a plain number (not .nan or .inf)",
@@ -173,6 +176,11 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
         if not local.is_dir():
             raise InputError(f"{where}: rgt_job.{key} {value!r} is a file, not a directory ({local})",
                              fix=f"set rgt_job.{key} to the directory that holds it", field=f"rgt_job.{key}")
+    slurm = job.get("slurm")
+    refused = _slurm.extra_problem(slurm.get("extra")) if isinstance(slurm, dict) else None
+    if refused:
+        index, message, fix = refused
+        raise InputError(f"{where}: {message}", fix=fix, field=f"rgt_job.slurm.extra[{index}]")
     if job.get("sweep") and not jobspec.templated(job.get("run_id") or job.get("name")):
         try:
             _sweep.cells(job)

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +23,8 @@ from rgt.errors import InputError, RgtError
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
 from rgt.progress import ProgressTail
+
+_layout = paths.module_util("rgt_runlayout")
 
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
@@ -186,6 +189,10 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     env = ansible_env()
     env_overrides = {k: env[k] for k in ("ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "PATH", "PWD")}
     env_overrides["ANSIBLE_FORCE_COLOR"] = "0"
+    # rgt's own virtual environment, named for the local connection's launch: the job wrapper keeps it (and every
+    # ANSIBLE_* variable) out of the job's environment (rgt_runlayout.job_base_env)
+    if _layout.is_venv(sys.prefix):
+        env_overrides[_layout.RUNNER_PREFIX_ENV] = sys.prefix
     evars = dict(extravars or {})
     # a meter stop's confirmation only from `rgt-run teardown` (its channel), whatever the play sets or includes
     evars.update(confirmation.pins(evars.get(confirmation.CHANNEL)))

@@ -71,7 +71,7 @@ def check_launch(playbook: str, hosts: list) -> None:
 
 def launch_problem(profile: dict) -> ProfileError | None:
     """Why a run cannot be launched through this profile's detach primitive (not registered, or registered but not
-    built yet: sbatch, k8s-job), as a ProfileError naming the field and what to use instead; None when it can."""
+    built: the registry's `built`), as a ProfileError naming the field and what to use instead; None when it can."""
     detach = profile.get("detach") or {}
     found = registry.launch_problem(detach.get("primitive"), detach.get("fallback"))
     if found is None:

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, output
+from rgt import endings, errors, output
 from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
 from rgt.safetext import printable
 
@@ -291,6 +291,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     docs = poll(args, console, hosts, extravars, ledger)
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)
+    endings.annotate(docs, hosts, args, console)  # a run that ended by a signal: what happened, what to run
     tallies = sweep_tallies(out, ledger, hosts, docs)
     code = exit_code(docs, tallies)
     console.print(f"exit {code} · ledger {ledger / 'status'}")
@@ -485,6 +486,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                           f"{escape(printable(att.get('message')))}")
             if item.get("error"):
                 out.print(f"  [magenta]{item['host']}[/magenta]: {escape(printable(item['error']))}")
+    if latest:
+        endings.annotate(latest, hosts, args, console, watching=True)
     reason = "every run is settled" if not schedule.active() else f"max ticks ({max_ticks}) reached"
     tallies = sweep_tallies(out, ledger, hosts, latest) if latest else []
     code = exit_code(latest, tallies) if latest else code

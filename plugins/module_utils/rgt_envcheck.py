@@ -12,7 +12,9 @@ a return value: a proxy URL can carry credentials, so only variable NAMES leave 
 
 from __future__ import absolute_import, division, print_function
 
+import os
 import re
+import shlex
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding
 
@@ -225,6 +227,64 @@ def interpreter_findings(info, refuse_conda_base=False):
             "the interpreter %s runs in conda base; this profile refuses base" % info.get("executable"),
             "create or pick a project env (conda env list), confirm sys.executable is under "
             ".../envs/<proj>/, and pass it as rgt_job.python"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# the interpreter the command runs: `python train.py` looks `python` up on the job's PATH, where the declared
+# interpreter's directory comes first (rgt_runlayout.job_base_env); a name that directory lacks runs another one
+# ----------------------------------------------------------------------------------------------------
+
+_PYTHON_NAME = re.compile(r"python[0-9.]*\Z")
+_LEADERS = ("exec", "env", "time", "nohup", "command")  # words that run the next word
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def command_interpreters(command):
+    """The Python interpreters a job command runs by name: the first word of each simple command (each line, and
+    after `&&`, `||`, `;`, `|`, `&`, `(`; past `VAR=value` and exec/env/time/nohup) that is python, python3,
+    python3.11, ... bare or as a path. In order, each once; a line shlex cannot read (an open quote) is skipped."""
+    out = []
+    for line in (command or "").splitlines():
+        try:
+            words = list(shlex.shlex(line, posix=True, punctuation_chars=True))
+        except ValueError:
+            continue
+        start = True
+        for word in words:
+            if word and set(word) <= set("&|;()<>"):
+                start = True
+                continue
+            if not start:
+                continue
+            if _ASSIGNMENT.match(word) or word in _LEADERS:
+                continue
+            start = False
+            if _PYTHON_NAME.match(os.path.basename(word)) and word not in out:
+                out.append(word)
+    return out
+
+
+def command_findings(command, python, resolve):
+    """A warning for each interpreter the command runs (command_interpreters) that is not in rgt_job.python's
+    directory: env_check examined that one, the job would run another. `resolve(word)` is the path a word runs on
+    the job's PATH (None when nothing does); a relative path (./venv/bin/python) is not judged."""
+    out = []
+    want = os.path.dirname(os.path.normpath(python))
+    for word in command_interpreters(command):
+        if "/" in word and not os.path.isabs(word):
+            continue
+        found = resolve(word)
+        if found and os.path.dirname(os.path.normpath(found)) == want:
+            continue
+        where = ("%s on the job's PATH" % found) if found else "not found on the job's PATH"
+        out.append(finding(
+            "command_interpreter", "warning",
+            "rgt_job.command runs `%s`, which is %s: not in %s, the directory of rgt_job.python %s that env_check "
+            "examined" % (word, where, want, python),
+            "run the interpreter by a name that directory has (e.g. `%s train.py`) or by its path, or set "
+            "rgt_job.python to the interpreter the command means" % os.path.basename(python),
+            data={"word": word, "resolved": found}))
     return out
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import re
+import sys
 import tempfile
 import time
 
@@ -63,6 +64,77 @@ def check_env_name(name):
         return ("environment variable name %r is not allowed: use letters, digits and '_', not starting with a "
                 "digit (e.g. MY_SETTING)" % (name,))
     return None
+
+
+# ---- the environment a job starts from (docs/internals.md "Job environment"): the login environment minus rgt's own
+
+# Variables rgt and the tools it runs (Ansible, ansible-runner, tmux) put in the environment of its own processes.
+# On the local connection the launch inherits them from rgt-run, and a tmux server started by a launch keeps them for
+# every later session: none of them is the job's. (A job that needs one names it in rgt_job.env.)
+OWN_ENV_PREFIXES = ("ANSIBLE_",)
+RUNNER_PREFIX_ENV = "RGT_RUNNER_PREFIX"  # the runner's own virtual environment, named by rgt-run for its plays
+OWN_ENV_NAMES = ("TMUX", "TMUX_PANE", "AWX_ISOLATED_DATA_DIR", "RUNNER_OMIT_EVENTS", "RUNNER_ONLY_FAILED_EVENTS",
+                 "ORIGINAL_STDOUT_CALLBACK", "AD_HOC_COMMAND_ID", RUNNER_PREFIX_ENV)
+
+
+def is_venv(prefix):
+    """A virtual environment's prefix (venv, virtualenv, pipx: a pyvenv.cfg at its top). A system prefix (/usr) is
+    never one: its bin dir belongs to everybody, so nothing under it is ever taken for rgt's own."""
+    return bool(prefix) and os.path.isabs(prefix) and os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
+
+
+def own_prefixes(environ=None):
+    """The virtual environments rgt itself runs from here: this interpreter's (the module's; on the local
+    connection, the runner's own) and the runner's, which rgt-run names in RGT_RUNNER_PREFIX. Normalised, in that
+    order, each once; [] when neither is a virtual environment."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for prefix in (sys.prefix, environ.get(RUNNER_PREFIX_ENV)):
+        if prefix and is_venv(prefix) and os.path.normpath(prefix) not in out:
+            out.append(os.path.normpath(prefix))
+    return out
+
+
+def _under(path, prefix):
+    """`path` is `prefix` or inside it, as written or once symlinks are resolved."""
+    for one, root in ((os.path.normpath(path), prefix), (os.path.realpath(path), os.path.realpath(prefix))):
+        if one == root or one.startswith(root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def job_base_env(environ, python, own=()):
+    """The environment a job starts from (the wrapper adds the rgt contract, the job env and the secrets; env_check
+    probes the interpreter in it): `environ`, the login environment, minus rgt's own (OWN_ENV_NAMES, every
+    ANSIBLE_* variable, and under `own`, the virtual environments rgt runs from: their PATH and PYTHONPATH entries,
+    a VIRTUAL_ENV or PYTHONHOME that points into one), with the directory of `python` (the absolute rgt_job.python)
+    first on PATH, so that `python` in the command is looked up there first: the job runs the interpreter env_check
+    examined. A VIRTUAL_ENV that holds the declared interpreter is kept. A new dict; `environ` is not changed."""
+    own = [os.path.normpath(p) for p in own or () if p and os.path.isabs(p)]
+    bindir = os.path.dirname(os.path.normpath(python)) if python and os.path.isabs(python) else None
+
+    def rgts(path):
+        return bool(path) and os.path.isabs(path) and any(_under(path, p) for p in own)
+
+    env = dict((k, v) for k, v in environ.items()
+               if k not in OWN_ENV_NAMES and not k.startswith(OWN_ENV_PREFIXES))
+    if "PATH" in env or bindir:
+        entries = env["PATH"].split(os.pathsep) if env.get("PATH") else []
+        kept = [e for e in entries if not rgts(e) and (bindir is None or os.path.normpath(e) != bindir)]
+        env["PATH"] = os.pathsep.join(([bindir] if bindir else []) + kept)
+    entries = env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else []
+    if any(rgts(e) for e in entries):
+        kept = [e for e in entries if not rgts(e)]
+        if any(kept):
+            env["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del env["PYTHONPATH"]
+    if rgts(env.get("PYTHONHOME")):
+        del env["PYTHONHOME"]
+    venv = env.get("VIRTUAL_ENV")
+    if rgts(venv) and not (python and _under(python, venv)):
+        del env["VIRTUAL_ENV"]
+    return env
 
 
 def command_script(command, prelude=None):
@@ -359,6 +431,22 @@ def last_state(records, exit_doc):
         starts = [r for r in records if "started_at" in r]
         return "dead" if starts else "never"
     return end.get("reason") or "dead"
+
+
+# What starts a run that is not live again (docs/job-spec.md "How a run ends"), one rule for a single run and a
+# sweep cell: a run that never ran, was preempted or died (its wrapper vanished) starts again with `rgt-run train`
+# (a preempted one also with `rgt-run watch` when the job says auto_resume); a failed or killed one (what status
+# shows as failed) only with `rgt-run retry`; a finished one never.
+RESUMED_ENDS = ("preempted", "dead")
+FAILED_ENDS = ("failed", "killed")
+
+
+def may_start(state, retry=False):
+    """Whether a run that is not live, in `state` (last_state's word), starts now: never ran, preempted or dead
+    always; failed or killed only on a retry (the user's word); finished never."""
+    if state == "never" or state in RESUMED_ENDS:
+        return True
+    return bool(retry) and state in FAILED_ENDS
 
 
 def is_complete_checkpoint(name):

@@ -252,6 +252,16 @@ def live_jobs(job_name, comment, run=run_argv):
     return [r for r in parse_squeue(out) if r["comment"] == comment], None
 
 
+# rgt_job.slurm's resource fields, each one sbatch option (rgt_launch passes only the fields set)
+RESOURCE_FLAGS = (("partition", "--partition"), ("gres", "--gres"), ("cpus_per_task", "--cpus-per-task"),
+                  ("mem", "--mem"), ("time", "--time"), ("account", "--account"), ("qos", "--qos"))
+ARRAY_OPTION = "--array"  # a sweep's cells as one job array (rgt_launch submit_array)
+WRAP_OPTION = "--wrap"  # a command sbatch would run instead of the batch script rgt passes
+# sbatch's one-letter forms of the options above (sbatch(1))
+SHORT_FORMS = {"-J": "--job-name", "-o": "--output", "-p": "--partition", "-c": "--cpus-per-task", "-t": "--time",
+               "-A": "--account", "-q": "--qos", "-a": ARRAY_OPTION}
+
+
 def sbatch_argv(program, script, job_name, output, comment, grace_s, requeue, spec):
     """The sbatch command line for a run: job name, output (appended across requeues), the run dir as comment
     (how a later launch finds the live job), --signal=B:TERM@<grace> (the batch shell execs the wrapper, so the
@@ -261,14 +271,71 @@ def sbatch_argv(program, script, job_name, output, comment, grace_s, requeue, sp
     argv = [program, "--parsable", "--job-name=" + job_name, "--output=" + output, "--open-mode=append",
             "--comment=" + comment, "--signal=B:TERM@%d" % max(1, int(grace_s)),
             "--requeue" if requeue else "--no-requeue"]
-    for key, flag in (("partition", "--partition"), ("gres", "--gres"), ("cpus_per_task", "--cpus-per-task"),
-                      ("mem", "--mem"), ("time", "--time"), ("account", "--account"), ("qos", "--qos")):
+    for key, flag in RESOURCE_FLAGS:
         value = spec.get(key)
         if value is not None and value != "":
             argv.append("%s=%s" % (flag, value))
     argv.extend(str(x) for x in spec.get("extra") or [])
     argv.append(script)
     return argv
+
+
+def array_option(count, throttle=None):
+    """The option that submits `count` cells as one job array, at most `throttle` at once."""
+    return "%s=0-%d%s" % (ARRAY_OPTION, count - 1, "%%%d" % int(throttle) if throttle else "")
+
+
+def reserved_options():
+    """The sbatch options rgt passes itself, read off sbatch_argv's own command line (every resource field set,
+    both requeue forms), the job array's and --wrap (a command instead of rgt's batch script). sbatch keeps the
+    last of a repeated option: one in rgt_job.slurm.extra would override rgt's."""
+    spec = dict((key, "x") for key, _flag in RESOURCE_FLAGS)
+    names = set([ARRAY_OPTION, WRAP_OPTION])
+    for requeue in (True, False):
+        names.update(word.split("=", 1)[0] for word in sbatch_argv("program", "script", "name", "out", "dir", 30,
+                                                                    requeue, spec)[1:-1])
+    return sorted(names)
+
+
+def extra_problem(extra):
+    """(index, message, fix) for the first word of rgt_job.slurm.extra that sets an option rgt sets itself
+    (reserved_options), in full, abbreviated (sbatch takes any unambiguous prefix: --job, --comm) or in its
+    one-letter form (-J, -o, -a, ...); None when no word does. A resource option names its rgt_job.slurm field; the
+    others are how rgt finds the run's job again (job name, comment), where its log goes, how the wrapper gets its
+    stop signal and whether Slurm requeues it: overriding them breaks status and can submit the run twice."""
+    reserved = reserved_options()
+    fields = dict((flag, key) for key, flag in RESOURCE_FLAGS)
+    fields.update({"--requeue": "requeue", "--no-requeue": "requeue"})
+    for index, word in enumerate(extra or []):
+        word = str(word)
+        if word.startswith("--"):
+            name = word.split("=", 1)[0]
+            hits = [r for r in reserved if r == name or (len(name) > 2 and r.startswith(name))]
+        elif word.startswith("-") and word[:2] in SHORT_FORMS:
+            name, hits = word[:2], [SHORT_FORMS[word[:2]]]
+        else:
+            continue
+        if not hits:
+            continue
+        option = name if name in hits else hits[0]
+        if name == option:
+            what = "sets %s" % option
+        elif name in SHORT_FORMS:
+            what = "sets %s (%s)" % (option, name)
+        else:
+            what = "abbreviates %s" % " or ".join(hits)
+        if option == WRAP_OPTION:
+            what += ", which replaces the batch script rgt submits"
+        else:
+            what += ", an option rgt passes itself (sbatch keeps the last of a repeated option: rgt's would be lost)"
+        message = "rgt_job.slurm.extra[%d] %r %s" % (index, word, what)
+        if option in fields:
+            fix = "remove it and set rgt_job.slurm.%s instead" % fields[option]
+        else:
+            fix = ("remove it: rgt sets %s itself and finds the run's job again by its name and comment "
+                   "(docs/slurm.md)" % ", ".join(r for r in reserved if r not in fields and r != WRAP_OPTION))
+        return index, message, fix
+    return None
 
 
 def batch_script(python, wrapper, run_dir, detach):

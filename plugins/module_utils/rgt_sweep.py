@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover - Python 2 is not supported on the box
     from pipes import quote
 
 ROSTER_SCHEMA = "rgt/roster/v1"
+# At most this many cells in one sweep (matrix combinations plus listed cells, docs/job-spec.md "Sweeps"): each is a
+# run of its own (run dir, roster entry, job.json, queue slot), and the count is checked before any is built.
+MAX_CELLS = 1000
 SEP = "--"
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _VALUE = re.compile(r"[A-Za-z0-9._-]+\Z")
@@ -108,13 +111,26 @@ def cells(job):
         if not isinstance(values, list) or not values:
             raise SweepError("rgt_job.sweep.matrix.%s" % key, "rgt_job.sweep.matrix.%s must be a non-empty list"
                              % key, "list the values, e.g. %s: [1e-3, 3e-4]" % key)
+    listed = sweep.get("cells") or []
+    combinations = 1
+    for values in matrix.values():
+        combinations *= len(values)
+    count = (combinations if matrix else 0) + (len(listed) if isinstance(listed, list) else 0)
+    if count > MAX_CELLS:
+        sizes = " x ".join(str(len(v)) for v in matrix.values())
+        raise SweepError("rgt_job.sweep", "rgt_job.sweep has %d cells (%s%s%d listed), over the cap of %d cells per "
+                         "sweep: nothing was planned" % (count, "matrix %s = %d, " % (sizes, combinations)
+                                                         if matrix else "", "plus " if matrix else "", len(listed),
+                                                         MAX_CELLS),
+                         "split it into sweeps of at most %d cells (each its own rgt_job.name), or trim the matrix"
+                         % MAX_CELLS)
     order = list(matrix)
     combos = [[]]
     for key in order:
         combos = [done + [(key, value_text(v, "rgt_job.sweep.matrix.%s[%d]" % (key, i)))]
                   for done in combos for i, v in enumerate(matrix[key])]
     specs = [(dict(combo), "", {}, "rgt_job.sweep.matrix") for combo in combos if combo]
-    for index, cell in enumerate(sweep.get("cells") or []):
+    for index, cell in enumerate(listed):
         field = "rgt_job.sweep.cells[%d]" % index
         params = {}
         for key, value in (cell.get("params") or {}).items():

@@ -24,6 +24,10 @@ description:
     C(sys.executable), the Python version, the prefix and conda env, and whether C(torch) imports, its
     version,
     C(torch.version.cuda), C(torch.cuda.is_available()), the device count, capability and arch list.
+  - The hook and the probe start from the environment the job starts from (module_utils
+    C(rgt_runlayout.job_base_env), the job wrapper's rule) - the login environment without rgt's own variables
+    (C(ANSIBLE_*), those of ansible-runner and tmux) and without the virtual environments rgt runs from, with the
+    interpreter's directory first on C(PATH) - so C(python) in the job's command is the interpreter checked here.
   - Reads the CUDA version the driver supports from the C(nvidia-smi) header, and lists GPUs with
     C(nvidia-smi -L).
     Without C(nvidia-smi) the driver CUDA is null and the GPU checks that need it are skipped.
@@ -44,6 +48,13 @@ options:
       - The module fails when the path is not absolute, does not exist or is not executable.
     type: str
     required: true
+  command:
+    description:
+      - The job's command (C(rgt_job.command)). Each interpreter it runs by name (C(python), C(python3), ...: the
+        first word of a simple command) is looked up on the job's C(PATH); one that is not in the directory of
+        I(python) is a C(command_interpreter) warning (the job would run another interpreter than the one checked).
+      - Null skips that check.
+    type: str
   proxy_hook:
     description:
       - Shell line from the profile's C(network.proxy_hook), e.g. C(source /etc/network_turbo 2>/dev/null ||
@@ -186,6 +197,7 @@ env_report:
 
 import json
 import os
+import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -345,6 +357,13 @@ def scan_crlf(root):
     return found, False
 
 
+def resolve(word, path):
+    """The file a command word runs: an absolute path when executable, else the first match on `path`; None."""
+    if os.path.isabs(word):
+        return word if os.path.isfile(word) and os.access(word, os.X_OK) else None
+    return shutil.which(word, path=path or "")
+
+
 def probe_interpreter(python, env, timeout):
     rc, out, err = _run([python, "-c", PROBE], env, timeout)
     if rc is None:
@@ -365,6 +384,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             python=dict(type="str", required=True),
+            command=dict(type="str"),
             proxy_hook=dict(type="str", no_log=True),
             network_env=dict(type="dict", default={}),
             no_proxy=dict(type="list", elements="str", default=[]),
@@ -389,7 +409,9 @@ def main():
                          % (python, where, fix))
 
     findings = []
-    base_env = dict(os.environ)
+    # the environment the job starts from (the wrapper's rule): rgt's own variables and virtual environments out,
+    # the interpreter's directory first on PATH, so what is probed here is what the job runs
+    base_env = rl.job_base_env(os.environ, python, rl.own_prefixes())
     base_env["LC_ALL"] = "C"
     base_env.pop("LANGUAGE", None)
 
@@ -424,6 +446,9 @@ def main():
                                 "nvidia-smi runs but finds no GPUs (a no-GPU/CPU-only start mode?)",
                                 "restart the instance with GPUs attached before launching a GPU job"))
     gpus_present = None if smi["gpu_count"] is None else smi["gpu_count"] > 0
+
+    if p["command"]:  # what `python` in the command is on the job's PATH (the declared interpreter's dir first)
+        findings.extend(ec.command_findings(p["command"], python, lambda word: resolve(word, env.get("PATH"))))
 
     info, error = probe_interpreter(python, env, p["timeout"])
     if info is None:

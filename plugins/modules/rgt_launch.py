@@ -19,14 +19,19 @@ description:
     C(docs/internals.md) ("Run spine").
   - A live run (the wrapper's lock is held, or its pid is alive under the same incarnation) is reported and
     left alone (C(changed=false), C(state=running)). A finished run is reported (C(state=finished)); pass a new
-    C(rgt_job.run_id) to start another. A failed run is reported (C(state=failed)) unless
-    O(relaunch_failed=true).
+    C(rgt_job.run_id) to start another. A failed or killed run (a death by a signal that is no stop signal) is
+    reported (C(state=failed)) and started again only with O(relaunch_failed=true), which C(rgt-run retry) passes
+    (the one rule of docs/job-spec.md "How a run ends", C(rgt_runlayout.may_start)).
   - How the last attempt ended comes from C(exit.json), or, when that is missing or older than the attempt (the
     wrapper could not write it, e.g. on a full disk), from the attempt's end line in C(attempts.jsonl); a job that
     exited 1 is C(failed) either way, and never relaunched without O(relaunch_failed=true).
-  - A run never launched is launched as attempt 1. A preempted, killed or dead run (wrapper gone without an
-    exit record or an end line, for example after a reboot) is relaunched as attempt n+1 when O(relaunch=true); the job
+  - A run never launched is launched as attempt 1. A preempted or dead run (wrapper gone without an exit record
+    or an end line, for example after a reboot) is relaunched as attempt n+1 when O(relaunch=true); the job
     resumes from the newest complete checkpoint (C(RGT_RESUME_FROM)).
+  - A sweep cell's run dir (C(.rgt/sweep.json)) is never started alone (C(rc_hint=2)); its sweep's queue starts it.
+  - C(job.json) names the virtual environments rgt runs from on this box (C(rgt_prefixes)); the wrapper keeps
+    them, and every C(ANSIBLE_*) variable, out of the job's environment and puts C(rgt_job.python)'s directory
+    first on C(PATH).
   - "Before a launch: the disk gate (free GiB on the durable root below O(disk_floor_gib) fails with C(rc_hint: 3)
     and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper files
     (O(wrapper_content), O(runlayout_content), written only when different), and C(job.json) (atomic)."
@@ -80,9 +85,10 @@ options:
     description:
       - The detach primitive (the profile's C(detach.primitive)), a name registered in
         C(plugins/module_utils/rgt_registry.py) (C(tmux), C(nohup), ...). C(auto) is tmux with the fallback nohup.
-      - A name that is not registered, or a registered primitive that is not built yet (C(sbatch), C(k8s-job),
-        C(vast-onstart)), fails before anything is read or written on the box (C(rc_hint=2), C(field)); the job
-        is never run under another primitive instead.
+      - A name that is not registered, a registered primitive that is not built (the registry's C(built);
+        C(rgt-run profiles show NAME) says), or one started from the controller (the Kubernetes Job), fails before
+        anything is read or written on the box (C(rc_hint=2), C(field)); the job is never run under another
+        primitive instead.
       - When the primitive's programs are missing on the box (tmux not on PATH), O(detach_fallback) is used with a
         warning, else the task fails.
       - C(sbatch) runs on the login node and submits the run as a Slurm batch job (C(.rgt/sbatch.sh) execs the
@@ -109,11 +115,12 @@ options:
     description: Source of C(rgt_runlayout.py), installed next to the wrapper (mode 0644) at launch when different.
     type: str
   relaunch:
-    description: Relaunch a preempted, killed or dead run as attempt n+1.
+    description: Relaunch a preempted or dead run as attempt n+1.
     type: bool
     default: true
   relaunch_failed:
-    description: Also relaunch a run whose last attempt failed (non-zero exit).
+    description: Relaunch a run whose last attempt failed (non-zero exit) or was killed (a signal that is no stop
+      signal) as attempt n+1 (what C(rgt-run retry) asks for).
     type: bool
     default: false
   first_heartbeat_timeout_s:
@@ -242,6 +249,7 @@ rc_hint:
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from shlex import quote
@@ -416,12 +424,25 @@ def live_sbatch(module, paths, result):
 
 
 def slurm_spec(module, result):
-    """The job spec's `slurm` block (resources per job or array task); refused (rc_hint 2) when not a mapping."""
+    """The job spec's `slurm` block (resources per job or array task), checked by check_slurm before anything on
+    the box was read or written."""
+    return module.params["job"].get("slurm") or {}
+
+
+def check_slurm(module):
+    """Refuse (rc_hint 2, the field named, nothing read or written) a `slurm` block that is not a mapping, or whose
+    `extra` sets an option rgt passes itself (rgt_slurm.extra_problem: sbatch would keep the user's, and the run's
+    job would no longer be found)."""
     spec = module.params["job"].get("slurm") or {}
     if not isinstance(spec, dict):
         module.fail_json(msg="rgt_job.slurm must be a mapping (partition, gres, cpus_per_task, mem, time, account, "
-                             "qos, requeue, extra): nothing was submitted", rc_hint=2, **result)
-    return spec
+                             "qos, requeue, extra): nothing was submitted", field="rgt_job.slurm", rc_hint=2,
+                         changed=False)
+    refused = rgt_slurm.extra_problem(spec.get("extra"))
+    if refused:
+        index, message, fix = refused
+        module.fail_json(msg="%s: nothing was submitted. Fix: %s" % (message, fix),
+                         field="rgt_job.slurm.extra[%d]" % index, rc_hint=2, changed=False)
 
 
 def submit(module, argv, what, result):
@@ -524,9 +545,21 @@ def choose_detach(module, primitive, fallback, result):
 # ---------------------------------------------------------------- a host's share of a sweep (option `sweep`)
 
 def shown_state(state):
-    """How a run that is not live reads in the result (rgt_runlayout.last_state's never / killed are not_started /
-    dead)."""
-    return {"never": "not_started", "killed": "dead"}.get(state, state)
+    """How a run that is not live reads in the result, as status shows it (rgt_runlayout.last_state's never is
+    not_started; killed, a death by a signal that is no stop signal, is failed)."""
+    return {"never": "not_started", "killed": "failed"}.get(state, state)
+
+
+def end_words(end):
+    """An attempt's end record in a few words: `rc 3`, `SIGKILL (rc 137)`."""
+    sig = end.get("signal")
+    if sig:
+        try:
+            name = signal.Signals(int(sig)).name
+        except (TypeError, ValueError):
+            name = "signal %s" % sig
+        return "%s (rc %s)" % (name, end.get("rc"))
+    return "rc %s" % end.get("rc")
 
 
 def sweep_state(counts, total, settled):
@@ -610,8 +643,7 @@ def submit_array(module, entry, python, sweep_dir, name, cells, throttle, result
     argv = rgt_slurm.sbatch_argv(entry.binaries[0], script, "rgt-%s-%s" % (p["project"], name),
                                  os.path.join(sweep_dir, "logs", "slurm-%A_%a.out"), sweep_dir, p["grace_s"],
                                  spec.get("requeue", True) is not False, spec)
-    array = "--array=0-%d%s" % (len(cells) - 1, "%%%d" % int(throttle) if throttle else "")
-    argv = argv[:-1] + [array, script, listing]
+    argv = argv[:-1] + [rgt_slurm.array_option(len(cells), throttle), script, listing]
     job_id = submit(module, argv, "the array of sweep %s" % name, result)
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for index, (_cell, paths) in enumerate(cells):
@@ -700,8 +732,7 @@ def launch_sweep(module, root, python, inc):
     if not code_dir or not os.path.isdir(code_dir):
         module.fail_json(msg="code_dir %s does not exist on the box (run upload_resume first: a sweep's code is "
                              "uploaded once per box into %s)" % (code_dir, sweep_dir), **result)
-    to_write = [(c, pa, st, at) for c, pa, st, at in views
-                if st in ("never", "preempted", "killed", "dead") or (st == "failed" and c["id"] in retry)]
+    to_write = [(c, pa, st, at) for c, pa, st, at in views if st != "live" and rl.may_start(st, c["id"] in retry)]
     secrets_file = preflight(module, root, python, result, disk_gate=bool(to_write))
     omp = p["omp_num_threads"]
     if omp is None:
@@ -743,7 +774,7 @@ def launch_sweep(module, root, python, inc):
             doc["data_dir"] = data_dir
         rl.atomic_write_json(paths.job, doc, 0o600)
         rl.atomic_write_json(os.path.join(paths.meta, "sweep.json"), {"sweep": name, "sweep_dir": sweep_dir})
-        if state == "failed":
+        if state in rl.FAILED_ENDS:
             rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
                                  {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if array:
@@ -807,7 +838,10 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
     p = module.params
     env = expand_env(p["network_env"])
     env.update(dict((str(k), "" if v is None else str(v)) for k, v in (job.get("env") or {}).items()))
-    return rl.job_document(paths, job, code_dir, omp, python, secrets_file, env, p["proxy_hook"], p["grace_s"])
+    doc = rl.job_document(paths, job, code_dir, omp, python, secrets_file, env, p["proxy_hook"], p["grace_s"])
+    # the virtual environments rgt runs from on this box: the wrapper keeps them out of the job's environment
+    doc["rgt_prefixes"] = rl.own_prefixes()
+    return doc
 
 
 def main():
@@ -843,6 +877,7 @@ def main():
         field, message, fix = refused
         module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False)
     job = p["job"]
+    check_slurm(module)
     root = rl.expand_root(p["durable_root"])
     try:
         paths = rl.RunPaths(root, p["project"], p["run_id"])
@@ -862,6 +897,12 @@ def main():
     if p["sweep"]:
         launch_sweep(module, root, python, rl.incarnation())
 
+    marker = rl.read_json(os.path.join(paths.meta, "sweep.json"))
+    if isinstance(marker, dict) and marker.get("sweep"):  # a cell starts through its sweep's queue, never alone
+        module.fail_json(msg="nothing launched: %s is a cell of sweep %s; it starts through its sweep (`rgt-run train` "
+                             "with the sweep's job, `rgt-run retry -i INVENTORY %s` when it failed)"
+                             % (p["run_id"], marker["sweep"], p["run_id"]), field="rgt_job.run_id", rc_hint=2,
+                         changed=False)
     session = paths.session()
     inc = rl.incarnation()
     records = rl.read_jsonl(paths.attempts)
@@ -901,13 +942,14 @@ def main():
         result.update(state="finished", msg="run %s finished (attempt %s): pass a new rgt_job.run_id to start "
                       "another run" % (p["run_id"], end.get("attempt")))
         module.exit_json(**result)
-    if state == "failed" and not p["relaunch_failed"]:
-        result.update(state="failed", msg="run %s failed (attempt %s, rc %s): not relaunched; read %s, fix and "
-                      "pass relaunch_failed=true or a new rgt_job.run_id"
-                      % (p["run_id"], end.get("attempt"), end.get("rc"), paths.log))
-        module.exit_json(**result)
     shown = shown_state(state)
-    if state != "never" and not p["relaunch"]:
+    if state in rl.FAILED_ENDS and not p["relaunch_failed"]:
+        result.update(state=shown, msg="run %s %s (attempt %s, %s): not relaunched; read %s, then `rgt-run retry "
+                      "-i INVENTORY %s` runs it once more from its newest checkpoint (or start a new "
+                      "rgt_job.run_id)" % (p["run_id"], "was killed" if state == "killed" else "failed",
+                                           end.get("attempt"), end_words(end), paths.log, p["run_id"]))
+        module.exit_json(**result)
+    if state in rl.RESUMED_ENDS and not p["relaunch"]:
         result.update(state=shown, msg="run %s is %s; relaunch is off: nothing started" % (p["run_id"], shown))
         module.exit_json(**result)
 

@@ -203,7 +203,8 @@ def test_secret_file_is_0600_in_a_0700_dir_and_the_value_is_never_printed(box):
 
 
 def test_report_names_interpreter_torch_driver_and_proxy_vars_without_values(box):
-    proc, report = box.play()
+    # `python3` in the command is looked up where the job looks: rgt_job.python's directory first
+    proc, report = box.play(rgt_job={"command": "python3 train.py && python eval.py"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["verdict"] == "ok", report["findings"]
     assert report["interpreter"]["path"] == sys.executable
@@ -290,10 +291,13 @@ def test_torch_built_for_newer_cuda_than_driver_fails_with_804(box):
 
 def test_cpu_torch_on_gpu_box_warns_but_passes_by_default(box):
     box.set_torch(version="2.3.1+cpu", cuda=None, available=False, device_count=0)
-    proc, report = box.play()
+    # and a command that runs an interpreter the declared one's directory does not have
+    proc, report = box.play(rgt_job={"command": "python2.7 train.py"})
     assert proc.returncode == 0, proc.stdout
     assert report["verdict"] == "warn"
     assert "WARNING:" in proc.stdout
+    assert {f["id"] for f in report["findings"]} >= {"torch_cpu_build", "command_interpreter"}
+    assert "rgt_job.command runs `python2.7`" in proc.stdout
     strict, _ = box.play(env_check_fail_on="warning")
     assert strict.returncode != 0
 

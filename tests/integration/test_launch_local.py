@@ -350,15 +350,24 @@ def test_check_mode_writes_nothing(box):
 
 
 @needs_tmux
-def test_a_job_killed_by_a_signal_is_killed_and_a_failed_one_is_not_relaunched(box):
-    proc, result = box.play(job={"command": "bash -c 'echo step=1 loss=0.5; kill -9 $$'"})
+def test_a_killed_or_failed_job_is_relaunched_only_on_the_users_word(box):
+    """killed (a signal that is no stop signal) and failed are both `failed` to status, and one rule starts them
+    again: only relaunch_failed, which `rgt-run retry` passes; a second train reports them and starts nothing."""
+    kill = {"command": "bash -c 'echo step=1 loss=0.5; kill -9 $$'"}
+    proc, result = box.play(job=kill)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     done = box.wait_exit()
     # bash reports the SIGKILLed command as 128+9
     assert (done["reason"], done["rc"], done["signal"]) == ("killed", 137, 9)
 
     wait_for(lambda: not box.wrappers(), what="the wrapper to exit")
-    proc, result = box.play(job={"command": "bash -c 'exit 3'"})  # killed counts as dead: relaunched
+    again, result = box.play(job=kill)
+    assert again.returncode == 0 and recap_changed(again.stdout) == 0
+    assert result["state"] == "failed" and "not relaunched" in result["msg"] and "SIGKILL (rc 137)" in result["msg"]
+    assert "rgt-run retry -i INVENTORY tiny-001" in result["msg"]
+
+    retry = {"launch_detached_relaunch_failed": True, "launch_detached_relaunch": False}  # what retry passes
+    proc, result = box.play(job={"command": "bash -c 'exit 3'"}, **retry)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["attempt"] == 2 and result["action"] == "relaunch"
     done = box.wait_exit(attempt=2)
@@ -367,7 +376,7 @@ def test_a_job_killed_by_a_signal_is_killed_and_a_failed_one_is_not_relaunched(b
     wait_for(lambda: not box.wrappers(), what="the wrapper to exit")
     again, result = box.play(job={"command": "bash -c 'exit 3'"})
     assert again.returncode == 0 and recap_changed(again.stdout) == 0
-    assert result["state"] == "failed" and "not relaunched" in result["msg"]
+    assert result["state"] == "failed" and "not relaunched" in result["msg"] and "rc 3" in result["msg"]
 
 
 @needs_tmux
@@ -508,3 +517,112 @@ def test_launch_reports_failed_from_the_end_line_when_exit_json_is_missing(box):
     assert result["state"] == "failed" and result["changed"] is False and "rc 1" in result["msg"]
     assert result["exit"]["rc"] == 1
     assert any("exit.json of attempt 1 is missing" in w for w in result.get("warnings", []))
+
+
+# ---------------------------------------------------------------- the job runs as declared, through rgt-run
+
+DECLARED_JOB = r"""
+import json, os, signal, sys, time
+attempt = int(os.environ["RGT_ATTEMPT"])
+print("python", sys.executable, os.environ.get("VIRTUAL_ENV"), flush=True)
+with open(os.path.join(os.environ["RGT_OUT_DIR"], "env-%d.json" % attempt), "w") as handle:
+    json.dump(dict(os.environ), handle)
+if attempt == 2:  # resumed by watch: this attempt fails
+    print("step=2 loss=1.0", flush=True)
+    sys.exit(3)
+if attempt == 3:  # retried: it finishes
+    open(os.path.join(os.environ["RGT_OUT_DIR"], "weights.bin"), "w").write("w")
+    sys.exit(0)
+
+def stop(*_):  # checkpoint, then exit 128+15: only this process got the signal
+    open(os.path.join(os.environ["RGT_CKPT_DIR"], "step_1.ckpt"), "w").write("1")
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, stop)
+print("step=1 loss=2.0 ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A user's project on this machine: a declared interpreter of its own (not rgt's venv), the job, an inventory
+    (local profile) and a private tmux server; every wrapper and job it started is killed at the end, by pid."""
+    declared = tmp_path / "proj-env" / "bin" / "python"
+    declared.parent.mkdir(parents=True)
+    declared.symlink_to(os.path.realpath(sys.executable))  # the same binary, another installation's path
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text(DECLARED_JOB)
+    durable = tmp_path / "durable"
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "inv" / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"box": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable, "rgt_profile": "local",
+        "rgt_instance_id": "localhost", "rgt_durable_root": str(durable), "rgt_project": PROJECT}}}}))
+    (tmp_path / "job.yml").write_text(yaml.safe_dump({"rgt_job": {
+        "name": "decl", "command": "python job.py", "python": str(declared), "code_dir": "code",
+        "checkpoint": {"glob": "step_*.ckpt"}, "outputs": ["weights.bin"], "auto_resume": True,
+        "disk_floor_gib": 0.01}}))
+    tmux_dir = Path(tempfile.mkdtemp(prefix="rgt-tmux-", dir="/tmp"))
+    run_dir = durable / PROJECT / "active" / "decl"
+    # rgt-run from its venv, activated: neither its bin dir nor VIRTUAL_ENV may reach the job
+    env = {"TMUX_TMPDIR": str(tmux_dir), "VIRTUAL_ENV": str(REPO / ".venv"),
+           "PATH": os.pathsep.join([str(REPO / ".venv" / "bin"), os.environ.get("PATH", "")])}
+    yield {"root": tmp_path, "declared": declared, "run_dir": run_dir, "env": env}
+    for pid in procs_with(str(run_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    subprocess.run(["tmux", "kill-server"], capture_output=True, env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)})
+    shutil.rmtree(tmux_dir, ignore_errors=True)
+
+
+@needs_tmux
+def test_the_job_runs_as_declared_a_stop_of_its_own_is_preempted_and_a_failure_waits_for_retry(rgt, project):
+    root, run_dir, env = project["root"], project["run_dir"], project["env"]
+    meta = run_dir / ".rgt"
+
+    def exit_of(attempt):
+        return wait_for(lambda: (read_json(meta / "exit.json") or {}).get("attempt") == attempt
+                        and read_json(meta / "exit.json"), 60, what=f"exit.json of attempt {attempt}")
+
+    train = rgt("train", "-i", "inv", "-e", "@job.yml", env=env, cwd=root, timeout=300)
+    assert train.rc == 0, train.stderr[-3000:]
+    wait_for(lambda: "ready" in (run_dir / "logs" / "job.log").read_text(), 30, what="the job to start")
+
+    # 1. the job runs the declared interpreter, in an environment without rgt's venv or Ansible's variables
+    log = (run_dir / "logs" / "job.log").read_text()
+    assert f"python {project['declared']} None" in log, log
+    job_env = read_json(run_dir / "out" / "env-1.json")
+    entries = job_env["PATH"].split(os.pathsep)
+    assert entries[0] == str(project["declared"].parent)
+    assert not [e for e in entries if os.path.realpath(e).startswith(os.path.realpath(REPO / ".venv"))], entries
+    assert "VIRTUAL_ENV" not in job_env and "RGT_RUNNER_PREFIX" not in job_env
+    assert not [k for k in job_env if k.startswith("ANSIBLE_") or k in ("AWX_ISOLATED_DATA_DIR", "TMUX")]
+    assert read_json(meta / "job.json")["rgt_prefixes"] == [str(REPO / ".venv")]
+
+    # 2. SIGTERM to the job's processes only (not the wrapper): it checkpoints and exits 143, a preemption
+    os.killpg(read_json(meta / "pid")["pgid"], signal.SIGTERM)
+    done = exit_of(1)
+    assert (done["reason"], done["rc"], done["signal"], done["stop_signal"]) == ("preempted", 143, 15, None)
+    status = rgt("status", "-i", "inv", "-e", "@job.yml", "--json", env=env, cwd=root, timeout=120)
+    doc = status.doc["hosts"]["box"]
+    assert status.rc == 1 and doc["state"] == "preempted", status.stderr[-2000:]
+    assert "the job ended by SIGTERM (rc 143)" in status.stderr and "rgt-run watch -i inv" in doc["next"]
+
+    # watch resumes it (auto_resume) from that checkpoint; attempt 2 fails and is left alone
+    watch = rgt("watch", "-i", "inv", "-e", "@job.yml", "--interval", "1", "--max-ticks", "30", "--json", env=env,
+                cwd=root, timeout=300)
+    assert watch.rc == 1, watch.stderr[-3000:]
+    assert [r["attempt"] for r in watch.doc["relaunches"]] == [1]
+    assert watch.doc["hosts"]["box"]["state"] == "failed" and exit_of(2)["rc"] == 3
+    starts = [r for r in read_json_lines(meta / "attempts.jsonl") if "started_at" in r]
+    assert starts[1]["resume_from"] == str(run_dir / "ckpt" / "step_1.ckpt")
+
+    # 3. a failed single run starts again only on the user's word
+    retry = rgt("retry", "-i", "inv", "-e", "@job.yml", "decl", "--json", env=env, cwd=root, timeout=300)
+    assert retry.rc == 0, retry.stderr[-3000:]
+    assert retry.doc["state"] == "running" and retry.doc["sweep"] is None
+    assert exit_of(3)["reason"] == "finished" and (run_dir / "out" / "weights.bin").is_file()
+    nothing = rgt("retry", "-i", "inv", "-e", "@job.yml", "nope", "--json", env=env, cwd=root, timeout=120)
+    assert nothing.rc == 2 and nothing.doc["field"] == "cell"

@@ -1,8 +1,10 @@
 """Relative paths in a job spec follow the user (the file they were written in, else the cwd), never the
-installation; the ledger remembers what was launched where."""
+installation; the ledger remembers what was launched where; what the schema cannot say is refused at input (exit 2,
+the field named)."""
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rgt import jobspec, memory
@@ -98,3 +100,53 @@ def test_an_unquoted_on_in_a_notify_rule_is_read_as_on():
     with pytest.raises(InputError) as twice:
         jobspec.with_notify_on({"notify": [{"command": "x", "on": ["failed"], True: ["finished"]}]})
     assert twice.value.field == "rgt_job.notify[0].on"
+
+
+# ---------------------------------------------------------------- refused at input: exit 2, the field named
+
+def _refused(tmp_path, capsys, job: dict) -> dict:
+    """`rgt-run train -C` with this job (a dry run: nothing could be touched anyway): exit 2 and one JSON error."""
+    import json
+
+    from rgt.cli import main
+
+    spec = tmp_path / "job.yml"
+    spec.write_text(yaml.safe_dump({"rgt_job": {"name": "big", "command": "python t.py", "code_dir": ".", **job}}))
+    inventory = Path(__file__).resolve().parents[2] / "inventories" / "local"
+    rc = main(["train", "-i", str(inventory), "-e", f"@{spec}", "-C", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 2 and doc["exit_code"] == 2, doc
+    return doc
+
+
+def test_a_sweep_past_the_cap_is_refused_with_its_count_and_the_cap(tmp_path, capsys):
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_sweep
+
+    doc = _refused(tmp_path, capsys, {"sweep": {"matrix": {k: list(range(10)) for k in "abcd"}}})
+    assert doc["field"] == "rgt_job.sweep"
+    assert "10000 cells" in doc["error"] and f"cap of {rgt_sweep.MAX_CELLS}" in doc["error"], doc["error"]
+    assert str(rgt_sweep.MAX_CELLS) in doc["fix"]
+
+
+@pytest.mark.parametrize("extra, index, named", [
+    (["--constraint=a100", "--job-name=mine"], 1, "--job-name"),
+    (["--comm=x"], 0, "--comment"),             # sbatch takes an unambiguous prefix
+    (["--signal=USR1@60"], 0, "--signal"),
+    (["--no-requeue"], 0, "rgt_job.slurm.requeue"),
+    (["--output=/tmp/x.out"], 0, "--output"),
+    (["--array=0-3"], 0, "--array"),
+    (["--wrap=hostname"], 0, "--wrap"),
+    (["--partition=debug"], 0, "rgt_job.slurm.partition"),
+])
+def test_a_slurm_extra_option_rgt_sets_itself_is_refused_naming_its_index(tmp_path, capsys, extra, index, named):
+    doc = _refused(tmp_path, capsys, {"slurm": {"extra": extra}})
+    assert doc["field"] == f"rgt_job.slurm.extra[{index}]"
+    assert named in doc["error"] + doc["fix"]
+
+
+def test_the_init_job_runs_the_interpreter_it_declares():
+    """`python3 train.py` beside `python: /usr/bin/python3`: the name is looked up in that directory first (a box
+    without /usr/bin/python would run another `python`)."""
+    for name in ("local", "runpod", "autodl", "generic_ssh", "slurm"):
+        job = yaml.safe_load(job_text(load_profile(name)))["rgt_job"]
+        assert job["command"].split()[0] == Path(job["python"]).name, (name, job)

@@ -246,3 +246,33 @@ def test_valid_env_name(name, ok):
 
 
 # CRLF: the rule lives in rgt_tree (tests/unit/test_rgt_tree.py), shared with upload_resume.
+
+
+# ---------------------------------------------------------------- the interpreter the command runs
+
+@pytest.mark.parametrize("command, words", [
+    ("python train.py --steps 3", ["python"]),
+    ("CUDA_VISIBLE_DEVICES=0 python3 train.py && python3.11 eval.py | tee log", ["python3", "python3.11"]),
+    ("cd sub; exec python -m pkg", ["python"]),
+    ("env FOO=1 time python a.py --mode python", ["python"]),
+    ("/usr/bin/python3 prep.py\npython train.py", ["/usr/bin/python3", "python"]),
+    ("torchrun --nproc_per_node 2 train.py", []),
+    ("bash -c 'python inner.py'", []),   # inside another shell: not judged
+    ("echo 'open quote", []),
+])
+def test_the_interpreters_a_command_runs_by_name(command, words):
+    assert ec.command_interpreters(command) == words
+
+
+def test_an_interpreter_outside_the_declared_directory_is_a_warning(tmp_path):
+    where = {"python": "/root/.pyenv/shims/python", "python3": "/usr/bin/python3"}
+    found = ec.command_findings("python train.py && python3 eval.py", "/usr/bin/python3", where.get)
+    assert [(f["id"], f["severity"], f["data"]["word"]) for f in found] == [("command_interpreter", "warning",
+                                                                              "python")]
+    assert "/root/.pyenv/shims/python on the job's PATH" in found[0]["message"]
+    assert "python3 train.py" in found[0]["fix"]
+    missing = ec.command_findings("python train.py", "/usr/bin/python3", lambda word: None)
+    assert "not found on the job's PATH" in missing[0]["message"]
+    # the declared directory has the name: the job runs the interpreter env_check examined
+    assert ec.command_findings("python train.py", "/opt/env/bin/python3", {"python": "/opt/env/bin/python"}.get) == []
+    assert ec.command_findings("./venv/bin/python x.py", "/usr/bin/python3", lambda word: None) == []

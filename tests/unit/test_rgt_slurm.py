@@ -345,3 +345,36 @@ def test_the_wrappers_start_record_names_sbatch_the_job_id_and_the_restart_count
         "attempt": 1, "started_at": "t", "code_dir": "/c", "resume_from": None, "incarnation": "i", "oom_kill": 0,
         "detach": "tmux", "session": "rgt-p/r"}
     assert wrapper.start_record(job, 1, "t", None, "i", 0, {})["detach"] == "nohup"
+
+
+# ---------------------------------------------------------------- rgt_job.slurm.extra never overrides rgt's options
+
+def test_the_reserved_options_are_the_ones_rgt_passes():
+    argv = sl.sbatch_argv("sbatch", "/s", "n", "/o", "/r", 30, True, {"partition": "p", "gres": "g",
+                                                                     "cpus_per_task": 1, "mem": "1G", "time": "1",
+                                                                     "account": "a", "qos": "q"})
+    passed = {w.split("=", 1)[0] for w in argv[1:-1]} | {"--no-requeue"}
+    assert set(sl.reserved_options()) == passed | {"--array", "--wrap"}
+    assert sl.array_option(3, 2) == "--array=0-2%2" and sl.array_option(1) == "--array=0-0"
+
+
+@pytest.mark.parametrize("extra, index, says", [
+    (["--job-name=x"], 0, "sets --job-name"),
+    (["--constraint=a100", "-Jx"], 1, "sets --job-name (-J)"),
+    (["-o", "/tmp/out"], 0, "sets --output (-o)"),
+    (["-a", "0-3"], 0, "sets --array (-a)"),
+    (["--sig=B:USR1@9"], 0, "abbreviates --signal"),
+    (["--requeue"], 0, "sets --requeue"),
+    (["--wrap=hostname"], 0, "replaces the batch script"),
+    (["--par=x"], 0, "abbreviates --parsable or --partition"),
+    (["--cpus-per-task=8"], 0, "sets --cpus-per-task"),
+])
+def test_an_extra_word_that_sets_an_option_rgt_passes_is_refused(extra, index, says):
+    found, message, fix = sl.extra_problem(extra)
+    assert found == index and says in message and "rgt_job.slurm.extra[%d]" % index in message and fix
+
+
+@pytest.mark.parametrize("extra", [["--constraint=a100"], ["--begin=now+1hour", "--mem-per-cpu=4G"], ["--gpus=2"],
+                                   ["--time-min=10", "--exclusive", "-e", "err.log"], [], None])
+def test_options_rgt_does_not_pass_go_through(extra):
+    assert sl.extra_problem(extra) is None

@@ -81,3 +81,15 @@ def test_the_roster_lists_exactly_the_cells_expected_per_host():
     assert roster["schema"] == "rgt/roster/v1" and roster["hosts"] == placement
     assert sorted(c["id"] for c in roster["cells"]) == sorted(c["id"] for c in cells)
     assert {c["id"]: c["host"] for c in roster["cells"]}["abl--seed=1"] == "b"
+
+
+def test_a_sweep_past_the_cap_is_refused_before_any_cell_is_built():
+    # 256^16 combinations: counted, never built (this returns at once)
+    with pytest.raises(rgt_sweep.SweepError) as err:
+        rgt_sweep.cells(job(matrix={"k%d" % i: list(range(256)) for i in range(16)}))
+    assert err.value.field == "rgt_job.sweep" and "cap of %d" % rgt_sweep.MAX_CELLS in str(err.value)
+    with pytest.raises(rgt_sweep.SweepError) as err:  # the listed cells count too
+        rgt_sweep.cells(job(matrix={"seed": list(range(rgt_sweep.MAX_CELLS))}, cells=[{"params": {"seed": -1}}]))
+    assert "%d cells" % (rgt_sweep.MAX_CELLS + 1) in str(err.value) and "1 listed" in str(err.value)
+    # exactly at the cap is fine
+    assert len(rgt_sweep.cells(job(matrix={"a": list(range(10)), "b": list(range(100))}))) == rgt_sweep.MAX_CELLS

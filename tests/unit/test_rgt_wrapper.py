@@ -73,21 +73,39 @@ def test_unfinished_attempts_are_starts_without_an_end():
 
 # ---------------------------------------------------------------- classification
 
-@pytest.mark.parametrize("rc, stop, expected", [
-    (0, None, ("finished", None)),
-    (1, None, ("failed", None)),
-    (3, None, ("failed", None)),
-    (137, None, ("killed", 9)),          # bash runs the command: 128+9 is how it reports a SIGKILLed command
-    (143, "SIGTERM", ("preempted", 15)),  # the command died of the forwarded TERM
-    (200, None, ("failed", None)),       # beyond 128+64: an exit code
-    (-9, None, ("killed", 9)),           # OOM killer / SIGKILL
-    (-15, None, ("killed", 15)),
-    (0, "SIGTERM", ("preempted", None)),  # the job checkpointed and exited 0 on the forwarded TERM
-    (1, "SIGHUP", ("preempted", None)),
-    (-9, "SIGTERM", ("preempted", 9)),   # SIGKILLed after the grace window: still a preemption
+@pytest.mark.parametrize("rc, stop, requested, expected", [
+    (0, None, False, ("finished", None)),
+    (1, None, False, ("failed", None)),
+    (3, None, False, ("failed", None)),
+    (137, None, False, ("killed", 9)),         # bash runs the command: 128+9 is how it reports a SIGKILLed command
+    (139, None, False, ("killed", 11)),        # a segfault
+    (-9, None, False, ("killed", 9)),          # OOM killer / SIGKILL
+    (200, None, False, ("failed", None)),      # beyond 128+64: an exit code
+    (143, "SIGTERM", False, ("preempted", 15)),  # the command died of the forwarded TERM
+    (0, "SIGTERM", True, ("preempted", None)),   # the job checkpointed and exited 0 on the forwarded TERM
+    (1, "SIGHUP", True, ("preempted", None)),
+    (-9, "SIGTERM", True, ("preempted", 9)),   # SIGKILLed after the grace window: still a preemption
+    # only the job's own processes got the stop signal (a container stop, `kill` of its pid): the job died of it,
+    # or caught it, checkpointed and exited 128+n as the convention says
+    (143, None, False, ("preempted", 15)),
+    (130, None, False, ("preempted", 2)),
+    (129, None, False, ("preempted", 1)),
+    (-15, None, False, ("preempted", 15)),
+    (-2, None, False, ("preempted", 2)),
+    # RGT_PREEMPT_FILE appeared (a platform hook, the user): a stop was asked for, whatever the job did then
+    (0, None, True, ("preempted", None)),
+    (1, None, True, ("preempted", None)),
+    (137, None, True, ("preempted", 9)),
 ])
-def test_classify(rc, stop, expected):
-    assert w.classify(rc, stop) == expected
+def test_classify(rc, stop, requested, expected):
+    assert w.classify(rc, stop, requested) == expected
+
+
+def test_a_stop_of_the_job_alone_exits_the_container_with_its_signal():
+    assert w.container_exit("preempted", 143, 15) == 143
+    assert w.container_exit("preempted", 130, 2) == 130
+    assert w.container_exit("preempted", 0, None) == 143  # RGT_PREEMPT_FILE: SIGTERM's code
+    assert w.container_exit("preempted", 0, None, "SIGINT") == 130
 
 
 def test_signal_name():
@@ -109,6 +127,53 @@ def test_build_env_sets_the_contract_and_rgt_vars_win(paths):
     assert env["PYTHONUNBUFFERED"] == "0"  # the job's own env may override the defaults, never RGT_*
     assert env["PATH"] == "/usr/bin" and "TMUX" not in env and "TMUX_PANE" not in env
     assert base["TMUX"]  # the caller's dict is not modified
+
+
+def _venv(root):
+    """A directory that reads as a virtual environment (a pyvenv.cfg at its top), with a bin/ dir."""
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    return root
+
+
+def test_the_job_env_carries_nothing_of_rgts_own_and_the_declared_interpreter_comes_first(paths, tmp_path):
+    rgt = _venv(tmp_path / "rgt-venv")
+    declared = _venv(tmp_path / "proj-env") / "bin" / "python"
+    base = {"PATH": os.pathsep.join([str(rgt / "bin"), "/usr/local/bin", str(declared.parent), "/usr/bin"]),
+            "VIRTUAL_ENV": str(rgt), "PYTHONPATH": os.pathsep.join([str(rgt / "lib"), "/opt/mine"]),
+            "PYTHONHOME": str(rgt), "ANSIBLE_CONFIG": "/x/ansible.cfg", "ANSIBLE_FORCE_COLOR": "0",
+            "AWX_ISOLATED_DATA_DIR": "/tmp/a", "RUNNER_OMIT_EVENTS": "False", "RGT_RUNNER_PREFIX": str(rgt),
+            "TMUX": "/tmp/tmux-0/default,1,0", "HOME": "/root", "LANG": "C.UTF-8"}
+    job = {"python": str(declared), "rgt_prefixes": [str(rgt)], "env": {"ANSIBLE_NOCOLOR": "1"}}
+    env = w.build_env(job, paths, 1, None, base)
+    assert env["PATH"].split(os.pathsep) == [str(declared.parent), "/usr/local/bin", "/usr/bin"]
+    assert env["PYTHONPATH"] == "/opt/mine"
+    for name in ("VIRTUAL_ENV", "PYTHONHOME", "ANSIBLE_CONFIG", "ANSIBLE_FORCE_COLOR", "AWX_ISOLATED_DATA_DIR",
+                 "RUNNER_OMIT_EVENTS", "RGT_RUNNER_PREFIX", "TMUX"):
+        assert name not in env, name
+    assert env["HOME"] == "/root" and env["LANG"] == "C.UTF-8"
+    assert env["ANSIBLE_NOCOLOR"] == "1"  # the job's own env may name one
+    assert base["ANSIBLE_CONFIG"]  # the caller's dict is not modified
+
+
+def test_a_declared_interpreter_inside_rgts_own_venv_keeps_it(paths, tmp_path):
+    """The local demo runs the job with rgt's own interpreter, declared: its venv is then the job's."""
+    rgt = _venv(tmp_path / "rgt-venv")
+    base = {"PATH": os.pathsep.join(["/usr/bin", str(rgt / "bin")]), "VIRTUAL_ENV": str(rgt)}
+    env = w.build_env({"python": str(rgt / "bin" / "python"), "rgt_prefixes": [str(rgt)]}, paths, 1, None, base)
+    assert env["PATH"].split(os.pathsep) == [str(rgt / "bin"), "/usr/bin"] and env["VIRTUAL_ENV"] == str(rgt)
+
+
+def test_a_system_interpreter_is_never_rgts_own(tmp_path, monkeypatch):
+    """rgt's own prefixes are virtual environments only: a system prefix named by mistake strips nothing."""
+    rgt = _venv(tmp_path / "rgt-venv")
+    monkeypatch.setattr(rl.sys, "prefix", "/usr")
+    assert rl.own_prefixes({rl.RUNNER_PREFIX_ENV: "/usr"}) == []
+    assert rl.own_prefixes({rl.RUNNER_PREFIX_ENV: str(rgt)}) == [str(rgt)]
+    monkeypatch.setattr(rl.sys, "prefix", str(rgt))
+    assert rl.own_prefixes({}) == [str(rgt)]
+    env = rl.job_base_env({"PATH": "/usr/bin:/bin"}, "/usr/bin/python3", rl.own_prefixes({}))
+    assert env["PATH"] == "/usr/bin:/bin"
 
 
 def test_build_env_without_resume_or_threads(paths):
@@ -341,3 +406,103 @@ def test_without_the_container_variable_the_wrapper_prints_no_log_and_exits_0(pa
     out = subprocess.run([sys.executable, str(WRAPPER), paths.run_dir], capture_output=True, text=True, env=env,
                          timeout=30)
     assert out.returncode == 0 and "hello" not in out.stdout
+
+
+# ---------------------------------------------------------------- a stop that reaches the job alone
+
+STOPPABLE_JOB = r"""
+import os, signal, sys, time
+def save(rc):
+    with open(os.path.join(os.environ["RGT_CKPT_DIR"], "step_3.ckpt"), "w") as handle:
+        handle.write("3")
+    sys.exit(rc)
+signal.signal(signal.SIGTERM, lambda *_: save(143))  # checkpoint, then exit 128+15 as the convention says
+print("ready", sys.executable, flush=True)
+for _ in range(600):
+    if os.path.exists(os.environ["RGT_PREEMPT_FILE"]):
+        save(0)
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+def _start_wrapper(paths):
+    code = Path(paths.run_dir) / "code"
+    code.mkdir()
+    (code / "job.py").write_text(STOPPABLE_JOB)
+    rl.atomic_write_json(paths.job, {"schema": 1, "run_id": paths.run_id, "project": paths.project,
+                                     "run_dir": paths.run_dir, "command": "python job.py", "python": sys.executable,
+                                     "code_dir": str(code), "env": {}, "grace_s": 5, "heartbeat_interval_s": 1})
+    env = {k: v for k, v in os.environ.items() if k != w.CONTAINER_ENV}
+    env["PYTHONPATH"] = str(REPO / ".collections")
+    proc = subprocess.Popen([sys.executable, str(WRAPPER), paths.run_dir], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 20
+    while "ready" not in (Path(paths.log).read_text() if os.path.exists(paths.log) else ""):
+        assert time.time() < deadline and proc.poll() is None, "the job never started"
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_job_that_checkpoints_and_exits_143_on_its_own_sigterm_is_preempted(paths):
+    """Only the job's processes get SIGTERM (not the wrapper): the job saves and exits 143; that is a stop."""
+    proc = _start_wrapper(paths)
+    os.killpg(rl.read_json(paths.pid)["pgid"], signal.SIGTERM)
+    proc.communicate(timeout=30)
+    done = rl.read_json(paths.exit)
+    assert (done["reason"], done["rc"], done["signal"], done["stop_signal"]) == ("preempted", 143, 15, None)
+    assert os.path.exists(os.path.join(paths.ckpt, "step_3.ckpt"))
+    assert rl.last_state(rl.read_jsonl(paths.attempts), done) == "preempted" and rl.may_start("preempted")
+    # `python` in the command is the declared interpreter
+    assert "ready %s" % sys.executable in Path(paths.log).read_text()
+
+
+def test_a_job_that_stops_when_the_preempt_file_appears_is_preempted_not_finished(paths):
+    proc = _start_wrapper(paths)
+    Path(paths.preempt).write_text("spot notice\n")  # a platform hook asks the job to stop
+    proc.communicate(timeout=30)
+    done = rl.read_json(paths.exit)
+    assert (done["reason"], done["rc"], done["stop_signal"]) == ("preempted", 0, None)
+    assert "reason=preempted rc=0" in Path(paths.log).read_text()
+
+
+@pytest.mark.parametrize("state, retry, starts", [
+    ("never", False, True), ("preempted", False, True), ("dead", False, True),
+    ("failed", False, False), ("killed", False, False), ("failed", True, True), ("killed", True, True),
+    ("finished", False, False), ("finished", True, False),
+])
+def test_what_starts_a_run_again_is_one_rule(state, retry, starts):
+    """A failed or killed run (status: failed) starts again only on a retry; preempted and dead ones always."""
+    assert rl.may_start(state, retry) is starts
+
+
+# ---------------------------------------------------------------- the launch module refuses before it writes
+
+def _launch(tmp_path, job, **params):
+    """rgt_launch run as Ansible runs it (its arguments in a file), on this machine; (rc, its JSON result)."""
+    import json
+
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
+        "durable_root": str(tmp_path / "durable"), "project": "proj", "run_id": "run-1",
+        "job": {"command": "true", "python": sys.executable, **job}, "code_dir": str(tmp_path), **params}}))
+    proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / "rgt_launch.py"), str(args)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO / ".collections")})
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_the_launch_refuses_a_slurm_extra_option_rgt_passes_before_anything_is_written(tmp_path):
+    rc, result = _launch(tmp_path, {"slurm": {"extra": ["--constraint=a100", "-J", "mine"]}}, detach="nohup")
+    assert rc != 0 and result["rc_hint"] == 2 and result["field"] == "rgt_job.slurm.extra[1]"
+    assert "--job-name (-J)" in result["msg"] and "nothing was submitted" in result["msg"]
+    assert not (tmp_path / "durable").exists()
+
+
+def test_the_launch_never_starts_a_sweep_cells_run_dir_alone(tmp_path):
+    meta = tmp_path / "durable" / "proj" / "active" / "run-1" / ".rgt"
+    meta.mkdir(parents=True)
+    (meta / "sweep.json").write_text('{"sweep": "abl", "sweep_dir": "/x"}')
+    rc, result = _launch(tmp_path, {}, detach="nohup")
+    assert rc != 0 and result["rc_hint"] == 2 and "is a cell of sweep abl" in result["msg"]
+    assert sorted(p.name for p in meta.iterdir()) == ["sweep.json"]

@@ -42,7 +42,7 @@ def view(state="never", live=False, attempt=0, slot=None, retry=None):
     return {"live": live, "state": "live" if live else state, "attempt": attempt, "slot": slot, "retry": retry}
 
 
-@pytest.mark.parametrize("state", ["never", "preempted", "killed", "dead"])
+@pytest.mark.parametrize("state", ["never", "preempted", "dead"])
 def test_a_cell_that_never_ran_or_stopped_without_failing_may_start(state):
     assert q.startable(view(state, attempt=0 if state == "never" else 1)) is True
 
@@ -52,9 +52,10 @@ def test_a_finished_cell_never_starts_again():
     assert q.startable(view("finished", attempt=1, retry=1)) is False  # even with a leftover retry.json
 
 
-def test_a_failed_cell_starts_only_when_retry_names_its_last_attempt():
-    assert q.startable(view("failed", attempt=1)) is False
-    assert q.startable(view("failed", attempt=1, retry=1)) is True
+@pytest.mark.parametrize("failed", ["failed", "killed"])  # killed: SIGKILL, SIGSEGV (status shows it failed)
+def test_a_failed_cell_starts_only_when_retry_names_its_last_attempt(failed):
+    assert q.startable(view(failed, attempt=1)) is False
+    assert q.startable(view(failed, attempt=1, retry=1)) is True
     # the retry was for attempt 1; attempt 2 failed too: the user has not said to retry that one
     assert q.startable(view("failed", attempt=2, retry=1)) is False
     assert q.startable(view("failed", attempt=1, retry=0)) is False
@@ -273,12 +274,12 @@ def _until_idle(queue, limit_s=30):
 
 
 def test_a_cell_that_stops_is_started_again_only_in_a_new_generation(tmp_path):
-    """The queue starts a cell at most once per generation: a cell killed mid-run is not restarted blindly; a
+    """The queue starts a cell at most once per generation: a cell stopped mid-run is not restarted blindly; a
     launch that rewrites queue.json (a new generation) lets it start once more."""
-    sweep = Sweep(tmp_path, {"abl--seed=0": "exit 137"}, ["0"])  # bash's report of a SIGKILLed command
+    sweep = Sweep(tmp_path, {"abl--seed=0": "exit 143"}, ["0"])  # bash's report of a command stopped by SIGTERM
     queue = q.Queue(str(sweep.dir))
     _until_idle(queue)
-    assert [r["attempt"] for r in sweep.starts("abl--seed=0")] == [1] and sweep.state("abl--seed=0") == "killed"
+    assert [r["attempt"] for r in sweep.starts("abl--seed=0")] == [1] and sweep.state("abl--seed=0") == "preempted"
     assert queue.tick() is False and len(sweep.starts("abl--seed=0")) == 1  # same generation: left as it is
     assert sweep.queue_state()["pending"] == [] and sweep.queue_state()["running"] == []
     sweep.bump()

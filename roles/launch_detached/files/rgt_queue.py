@@ -9,14 +9,14 @@ Each cell is an ordinary run (<durable_root>/<project>/active/<cell>) whose job.
 starts its wrapper (<run_dir>/.rgt/wrapper.py, in a new session, output appended to logs/wrapper.log) with
 RGT_SLOT_DEVICES set to a free slot, and records the slot in <run_dir>/.rgt/slot.json first.
 
-What may start (`startable`): a cell whose wrapper is not live (its lock) and that never ran, or was preempted,
-killed or died; a failed cell only when <run_dir>/.rgt/retry.json names its last attempt (`rgt-run retry`); a
-finished cell never. A slot is busy while a live cell's slot.json names it (a cell started by an earlier queue
-keeps its slot) or while this queue's child on it has not exited. The queue starts each cell at most once per
-generation (a launch that changes queue.json bumps it), so a cell that stops is not restarted blindly; it writes
-<sweep_dir>/.rgt/queue-state.json (atomic: pending, running, generation) every poll, and exits when nothing runs
-and nothing is left to start. A stop signal (TERM, INT, HUP: a preemption) ends it without starting anything more;
-the cells get their own signal through their wrappers.
+What may start (`startable`, the rule of rgt_runlayout.may_start): a cell whose wrapper is not live (its lock) and
+that never ran, or was preempted or died; a failed or killed cell only when <run_dir>/.rgt/retry.json names its last
+attempt (`rgt-run retry`); a finished cell never. A slot is busy while a live cell's slot.json names it (a cell
+started by an earlier queue keeps its slot) or while this queue's child on it has not exited. The queue starts each
+cell at most once per generation (a launch that changes queue.json bumps it), so a cell that stops is not restarted
+blindly; it writes <sweep_dir>/.rgt/queue-state.json (atomic: pending, running, generation) every poll, and exits
+when nothing runs and nothing is left to start. A stop signal (TERM, INT, HUP: a preemption) ends it without
+starting anything more; the cells get their own signal through their wrappers.
 
 Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the launch copies it there).
 """
@@ -35,7 +35,6 @@ except ImportError:  # in the repo (unit tests)
 finally:
     del sys.path[0]
 
-STARTABLE_STATES = ("never", "preempted", "killed", "dead")
 START_WAIT_S = 15
 MAX_FAILED_TICKS = 60
 
@@ -61,9 +60,7 @@ def startable(view):
     """May this cell be started now (its wrapper is not live)?"""
     if view["live"]:
         return False
-    if view["state"] in STARTABLE_STATES:
-        return True
-    return view["state"] == "failed" and view["retry"] is not None and view["retry"] == view["attempt"]
+    return rl.may_start(view["state"], view["retry"] is not None and view["retry"] == view["attempt"])
 
 
 def plan_starts(cells, views, slots, busy, started):

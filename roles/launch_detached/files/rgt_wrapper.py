@@ -116,11 +116,14 @@ class LogEcho(object):
 
 def container_exit(reason, rc, sig, stop_signal=None):
     """The entrypoint's exit code for an attempt's end: what the pod (and so the Job) reports. A stopped attempt
-    is 128 + the stop signal even when the job exited cleanly on it: the pod did not finish the run."""
+    is 128 + the stop signal (the wrapper's, else the job's, else SIGTERM) even when the job exited cleanly on it:
+    the pod did not finish the run."""
     if reason == "finished":
         return 0
     if reason == "preempted":
-        return 128 + int(getattr(signal, str(stop_signal), signal.SIGTERM))  # a name: "SIGTERM"
+        if stop_signal and hasattr(signal, str(stop_signal)):  # a name: "SIGTERM"
+            return 128 + int(getattr(signal, str(stop_signal)))
+        return 128 + int(sig or signal.SIGTERM)
     if sig:
         return min(128 + int(sig), 255)
     if isinstance(rc, int) and rc > 0:
@@ -128,14 +131,20 @@ def container_exit(reason, rc, sig, stop_signal=None):
     return 1
 
 
-def classify(rc, stop_signal=None):
-    """(reason, signal) for a job's end. A stop signal to the wrapper makes it `preempted` whatever rc;
-    otherwise rc 0 -> finished; a death by signal -> killed (rc < 0 from a process we started, or 128+n, the
-    way bash reports a command killed by signal n, e.g. 137 for the OOM killer's SIGKILL); else failed."""
+def classify(rc, stop_signal=None, preempt_requested=False):
+    """(reason, signal) for a job's end (docs/job-spec.md "How a run ends"). A death by signal n is rc < 0 from a
+    process we started, or 128+n, the way bash reports a command killed by signal n (137 for the OOM killer's
+    SIGKILL) and the way a job that caught a stop signal exits by convention (143 after SIGTERM, 130 after SIGINT).
+
+    `preempted` when a stop reached the attempt, whatever rc: the wrapper got a stop signal (`stop_signal`: it
+    forwarded TERM to the job), RGT_PREEMPT_FILE appeared (`preempt_requested`: the wrapper, a platform hook or the
+    user asked the job to stop), or the job itself ended by a stop signal (TERM, INT, HUP: killed by it, or exited
+    128+n after checkpointing on it; only the job's processes got it, e.g. a container stop or `kill` of its pid).
+    Otherwise rc 0 is finished, any other death by signal killed (SIGKILL, SIGSEGV, ...), anything else failed."""
     sig = -rc if rc is not None and rc < 0 else None
     if rc is not None and 128 < rc <= 128 + 64:
         sig = rc - 128
-    if stop_signal:
+    if stop_signal or preempt_requested or sig in STOP_SIGNALS:
         return "preempted", sig
     if rc == 0:
         return "finished", None
@@ -170,12 +179,11 @@ def signal_name(signum):
 
 
 def build_env(job, paths, attempt, resume_from, base_env):
-    """The job's environment: inherited env, PYTHONUNBUFFERED, OMP_NUM_THREADS, job env (profile network env
-    merged in by the launcher), then the RGT_* variables, which always win. Secrets are not here: bash
-    sources the secrets file."""
-    env = dict(base_env)
-    env.pop("TMUX", None)
-    env.pop("TMUX_PANE", None)
+    """The job's environment: the inherited (login) environment minus rgt's own, with the declared interpreter's
+    directory first on PATH (rgt_runlayout.job_base_env; job.json's `rgt_prefixes` names the virtual environments
+    rgt runs from), PYTHONUNBUFFERED, OMP_NUM_THREADS, job env (profile network env merged in by the launcher),
+    then the RGT_* variables, which always win. Secrets are not here: bash sources the secrets file."""
+    env = rl.job_base_env(base_env, job.get("python"), job.get("rgt_prefixes") or ())
     env["PYTHONUNBUFFERED"] = "1"
     threads = job.get("omp_num_threads")
     if threads:
@@ -485,7 +493,7 @@ class Wrapper:
 
         if self.stop_signal:
             self.killpg(signal.SIGKILL)  # stragglers of a stopped job (loader workers): grace is over
-        reason, sig = classify(rc, self.stop_signal)
+        reason, sig = classify(rc, self.stop_signal, os.path.exists(self.paths.preempt))
         ended = now_iso()
         # The end records, each guarded (a full disk releases the reserve once). The end line comes before
         # exit.json: status and launch fall back to it when exit.json could not be written. exit.json last:
