@@ -52,8 +52,12 @@ class Login:
         self.durable = root / "durable"
         self.ledger = root / "ledger"
         self.inv = root / "hosts.yml"
+        # the requeue run trains only once its test opens this gate: on a slow machine the tests before it could
+        # otherwise outlast its attempt 1, and there would be nothing left to requeue
+        self.gate = root / "requeue.go"
         jobs = {
-            "requeue": job("requeue", f"python3 train.py {STEPS} --sleep 0.05", {"cpus_per_task": 1, "time": "10"}),
+            "requeue": job("requeue", f"until [ -e {self.gate} ]; do sleep 0.2; done; python3 train.py {STEPS} "
+                           "--sleep 0.05", {"cpus_per_task": 1, "time": "10"}),
             "pending": job("pending", f"python3 train.py {STEPS}", {"extra": ["--begin=now+1hour"]}),
             "timeout": job("timeout", "python3 train.py --steps 100000 --ckpt-every 50 --sleep 0.05",
                            {"time": "1", "cpus_per_task": 1}),
@@ -160,6 +164,7 @@ def test_a_pending_job_is_queued_with_its_reason_and_never_submitted_twice(login
 def test_a_requeued_job_resumes_from_its_checkpoint_and_finishes_byte_identical(login, tmp_path):
     run = login.run_dir("requeue")
     job_id = login.job_id("requeue")
+    login.gate.touch()
     wait_until(lambda: (run / "ckpt" / "step_00000040.ckpt").exists(), 60, "a checkpoint of attempt 1")
     subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
     # the requeued job waits cred_expire + 1 s (PENDING, BeginTime); a hold keeps it pending however slow this
