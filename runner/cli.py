@@ -544,9 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         return errors.INTERRUPTED
 
 
-def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
-    """Everything that can reject input, done before any host is touched. `plan`: for train -C (a sweep's roster
-    is shown, not kept)."""
+def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False, choose: memory.Chooser | None = None):
+    """Everything that can reject input, done before any host is touched (a launch only reads, over the status
+    round, the boxes' own roster of a sweep the ledger lost). `plan`: for train -C (a sweep's roster is shown, not
+    kept). `choose`: for a launching play given no job spec, which remembered launch unit each host launches
+    (rgt.memory.recall; default its newest)."""
     origins: dict[str, str] = {}
     extravars = parse_extravars(args.extra_vars, origins)
     for name in confirmation.confirm_vars():  # every variable a role reads as a meter stop's confirmation
@@ -578,8 +580,14 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
                              "where the role takes -e teardown_confirm=<instance-id>", field="playbook")
     hosts = load_hosts(args.inventory, args.limit, extravars)
     ledger = ledger_dir(getattr(args, "ledger", None), make=False)  # read here; made by what writes to it
+    if playbook.stem in (*memory.RECALLING_PLAYBOOKS, *memory.LAUNCHING_PLAYBOOKS):
+        memory.check_records(ledger, hosts)  # a damaged record of runs is named now, never overwritten later
+    if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
+        # every run the ledger knows on each host without a job spec (a launch: the unit `choose` picks)
+        memory.recall(ledger, hosts, launching=playbook.stem in memory.LAUNCHING_PLAYBOOKS, choose=choose)
     swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
-                           recalling=playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars)
+                           look=_box_rosters(args, extravars)
+                           if pins and playbook.stem in memory.LAUNCHING_PLAYBOOKS else None)
     # a detach primitive not built yet: refused before any box
     profiles.check_launch(playbook.stem, hosts)
     if not plan:  # rsync, ssh, kubectl: a missing one is named now, not as a play's failure on the box
@@ -593,8 +601,6 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
         raise InputError("there is nothing to smoke: the job spec has no smoke_command",
                          fix="set rgt_job.smoke_command to one or two batches of the training command on CPU "
                              "(e.g. `python train.py --steps 2`)", field="rgt_job.smoke_command")
-    if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
-        memory.recall(ledger, hosts)
     # an inventory's job: its relative paths follow the inventory file that wrote it (the roles read this)
     extravars["rgt_job_base_dirs"] = {h.name: str(h.job_base) for h in hosts if h.job_base}
     if playbook.stem in SECRET_PLAYBOOKS:
@@ -611,6 +617,18 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False):
         for item in swept:  # the roster is kept before the play: a cell keeps its host from here on
             sweeps.record(ledger, item)
     return playbook, hosts, extravars
+
+
+def _box_rosters(args: argparse.Namespace, extravars: dict) -> sweeps.BoxLook:
+    """How a launch reads the boxes' own roster of a sweep the ledger keeps none of: over the status round, after
+    the hosts' pins are checked (read-only)."""
+    def look(hosts: list, project: str, name: str) -> dict:
+        from rgt import sshround
+
+        boxes = [h for h in hosts if not k8s.is_k8s(h.profile)]
+        check_pins(args.inventory, boxes)
+        return sshround.roster_round(args.inventory, boxes, extravars, project, name)
+    return look
 
 
 def cmd_playbook(args: argparse.Namespace, console: Console) -> int:

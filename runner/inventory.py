@@ -33,10 +33,10 @@ class Host:
     vars: dict
     profile: dict = field(default_factory=dict)
     job_base: Path | None = None  # where a relative rgt_job.code_dir/data_dir of the inventory's job resolves
-    recalled: dict | None = None  # the run remembered in the ledger (rgt.memory), when no job spec was given
-    other_runs: list[str] = field(default_factory=list)  # older remembered runs of the host (status shows them)
+    recalled: dict | None = None  # the runs it acts on (rgt.memory.act_on: job, cells, runs), or a launch's unit
+    other_runs: list[str] = field(default_factory=list)  # the other runs it reports in the same round trip
     overlay: dict = field(default_factory=dict)  # more host vars from the runner (a sweep's share: rgt_sweep)
-    sweep: str | None = None  # the sweep whose cells this host's runs are (rgt.sweeps.expand)
+    sweep: str | None = None  # the sweep of the first run it acts on (rgt.memory.act_on), for the report
 
     @property
     def instance_id(self) -> str:

@@ -149,3 +149,30 @@ def read_json(path: Path) -> Any | None:
         return json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
+
+
+def read_record(path: Path, problem, fix: str) -> Any | None:
+    """A record the runner acts on (the runs remembered per host, a sweep's roster): None when absent; refused with
+    exit 2 naming the file when it cannot be read, is not JSON (truncated) or `problem(doc)` names what is wrong
+    with it: rgt never guesses what a damaged record held."""
+    from rgt.errors import InputError
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"the ledger record {path} cannot be read: {exc.strerror}", fix=fix,
+                         field=str(path)) from exc
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"the ledger record {path} is damaged: not UTF-8 text (byte {exc.start})", fix=fix,
+                         field=str(path)) from exc
+    except ValueError as exc:
+        why = "empty" if not raw.strip() else f"not JSON, truncated? ({exc})"
+        raise InputError(f"the ledger record {path} is damaged: {why}", fix=fix, field=str(path)) from exc
+    wrong = problem(doc)
+    if wrong:
+        raise InputError(f"the ledger record {path} is damaged: {wrong}", fix=fix, field=str(path))
+    return doc

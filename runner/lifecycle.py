@@ -1,8 +1,13 @@
 """`rgt-run lifecycle`: train -> watch -> pull -> teardown, each phase the same command a user could run alone.
 
-Every phase is idempotent, so running the lifecycle again resumes where it stopped: a live run is watched, not
-started twice; a verified pull is re-verified, not re-sent; teardown still needs the typed confirmation (or
-`--confirm <instance-id>`), and a profile whose meter-stop verb is `none` (local) has nothing to stop.
+Running the lifecycle again resumes where it stopped (`resume_point`): when the ledger remembers the job's runs on
+the hosts, one status round looks at them first: every run finished goes straight to pull (no smoke, probe,
+env_check or upload again); runs still live (or one that needs attention) go to watch; anything else (never
+started, preempted, dead, failed, unreachable) trains again, which resumes what can be resumed. With no job spec at
+all (none with -e, none in the inventory) there is nothing to train: the runs the ledger remembers are watched,
+pulled and torn down. Every phase is idempotent: a live run is watched, not started twice; a verified pull is
+re-verified, not re-sent; teardown still needs the typed confirmation (or `--confirm <instance-id>`), and a
+profile whose meter-stop verb is `none` (local) has nothing to stop.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ HELP = "train, watch, pull and teardown in one go; run it again to resume where 
 DESCRIPTION = """\
 The whole life of a run in one command: train (smoke, probe, check, upload, start detached), watch until it
 settles, pull and verify the results, then teardown. Each step is the same as the command of that name, and each
-is safe to repeat, so running the lifecycle again resumes where it stopped: a live run is watched, not started
-twice; a verified pull is checked again, not sent again; teardown still needs the instance id typed (or
---confirm INSTANCE_ID). On a platform with nothing to stop (your own machine) there is no teardown step."""
+is safe to repeat, so running the lifecycle again resumes where it stopped: a finished run goes straight to pull
+(nothing is smoked, probed, checked or uploaded again), a live run is watched, not started twice; a verified pull
+is checked again, not sent again; teardown still needs the instance id typed (or --confirm INSTANCE_ID). Without
+a job spec it acts on the runs rgt remembers on each box (watch, pull, teardown). On a platform with nothing to
+stop (your own machine) there is no teardown step."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +47,41 @@ def _stop_verbs(args: argparse.Namespace) -> set[str]:
     return {h.profile["meter_stop"]["verb"] for h in load_hosts(args.inventory, args.limit)}
 
 
+LIVE_STATES = ("running", "stalled", "queued")
+
+
+def _remembered(ledger, hosts: list) -> bool:
+    """Did this ledger launch the hosts' job before (a run of its id, or the sweep's roster)?"""
+    from rgt import memory, sweeps
+
+    for host in hosts:
+        job = host.vars.get("rgt_job")
+        if not isinstance(job, dict):
+            continue
+        name = job.get("run_id") or job.get("name")
+        if job.get("sweep") and sweeps.read_roster(ledger, host.project, name) is not None:
+            return True
+        if any(r.get("project") == host.project and r.get("run_id") == name
+               for r in memory.runs_of(ledger, host.name)):
+            return True
+    return False
+
+
+def resume_point(runs: list[dict]) -> str:
+    """Where a lifecycle run again starts, from the status of the job's runs: "pull" when every one finished,
+    "watch" when they are finished or live or one needs attention (watch says so), else "train"."""
+    states = [r.get("state") for r in runs]
+    if not runs:
+        return "train"
+    if any(r.get("attention") for r in runs) and all(s in ("finished", *LIVE_STATES) for s in states):
+        return "watch"
+    if all(s == "finished" for s in states):
+        return "pull"
+    if all(s in ("finished", *LIVE_STATES) for s in states):
+        return "watch"
+    return "train"
+
+
 def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
     from rgt import pull, status, teardown
     from rgt.cli import prepare
@@ -54,19 +96,34 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
         done.append({"phase": phase, "exit_code": code})
         return code
 
-    # 1. train: smoke -> probe -> env_check -> upload_resume -> launch_detached
-    console.rule("train")
+    # 1. train: smoke -> probe -> env_check -> upload_resume -> launch_detached (unless the runs are past it)
     ns = argparse.Namespace(**quiet, playbook=str(paths.PLAYBOOKS_DIR / "train.yml"), tags=None, check=False,
                             skip_tags=None)
     playbook, hosts, extravars = prepare(ns)
     runs_dir(args.runs_dir)  # a bad --runs-dir is refused now, not after the training
     ledger = ledger_dir(args.ledger)
     first_contact(console, ledger, hosts)
-    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
-                          limit=args.limit, verbosity=args.verbose)
-    code = step("train", summarize(console, result, hosts, ledger, args.inventory)["exit_code"])
+    start = "train"
+    if not any(isinstance(h.vars.get("rgt_job"), dict) for h in hosts):
+        start = "watch"
+        console.print("lifecycle: no job spec given (-e @job.yml) and none in the inventory: nothing to train; "
+                      "watching, pulling and tearing down the runs rgt remembers on these hosts")
+    elif _remembered(ledger, hosts):  # run again: look at the job's runs before doing anything twice
+        looked, look_vars = status._prepare(argparse.Namespace(**quiet))
+        docs = status.poll(argparse.Namespace(**quiet), console, looked, look_vars, ledger)
+        start = resume_point(status.every_run(docs))
+        if start != "train":
+            states = ", ".join(f"{r.get('run_id')}: {r.get('state')}" for r in status.every_run(docs))
+            console.print(f"lifecycle: resuming at {start} ({states}): smoke, probe, env_check and upload are "
+                          "not done again")
+    code = errors.OK
+    if start == "train":
+        console.rule("train")
+        result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
+                              limit=args.limit, verbosity=args.verbose)
+        code = step("train", summarize(console, result, hosts, ledger, args.inventory)["exit_code"])
     # 2. watch until every run settles (auto-resume relaunches preempted runs)
-    if code == errors.OK:
+    if code == errors.OK and start in ("train", "watch"):
         console.rule("watch")
         code = step("watch", status.cmd_watch(argparse.Namespace(**quiet), console))
     # 3. pull the sealed export and verify it locally
@@ -83,5 +140,6 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
         else:
             code = step("teardown", teardown.cmd_teardown(argparse.Namespace(**quiet), console))
     if args.json:
-        sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "exit_code": code}) + "\n")
+        sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "resumed_at": start,
+                                     "exit_code": code}) + "\n")
     return code

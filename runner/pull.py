@@ -1,8 +1,10 @@
 """`rgt-run pull`: seal each box's finished run, pull it and verify every byte (playbooks/collect.yml).
 
-Per host: "verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files
-named), then a `log <path>: <reason>` line for each log the seal capped or could not seal. `--verify-only`
-re-verifies the local copy without touching the box. Exit codes: 3 a host key does not match its pin, else 1 any
+Which runs: with a job spec, the run it names (a sweep: each of its cells); without one, every run the ledger
+remembers on each host (rgt.memory.host_runs: single runs and sweep cells), one collect play per run. Per run:
+"verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files named), then a
+`log <path>: <reason>` line for each log the seal capped or could not seal. `--verify-only` re-verifies the local
+copy without touching the box. Exit codes: 3 a host key does not match its pin, else 1 any
 closeout/transfer/verification failure, else 4 any unreachable host, else 0.
 """
 
@@ -22,7 +24,8 @@ from rgt.safetext import printable
 HELP = "seal each finished run, pull its results here and verify every file's SHA-256"
 DESCRIPTION = """\
 Seal each box's finished run, copy its results into your runs directory (./runs/<run>/<host>/ by default) and
-verify every byte against the box's manifest. Per host it says "verified: N files, X MB, SHA-256 match", or names
+verify every byte against the box's manifest. Without -e it pulls every run rgt launched on each box (each cell of
+a sweep too); -e @job.yml pulls only that job's. Per run it says "verified: N files, X MB, SHA-256 match", or names
 the files that are missing, unexpected or different. Running it again re-verifies and sends only what is missing.
 `--verify-only` checks the local copy again without touching the box.
 Exit codes: 3 a host key does not match its pin, else 1 a seal, copy or check failed, else 4 a box is
@@ -92,39 +95,52 @@ def host_doc(name: str, outcome) -> dict:
     return doc
 
 
-def sweep_manifest(root, host, entry: dict, console: Console) -> str | None:
-    """After a sweep host's pull: `<runs>/<sweep>/<host>.SWEEP_VERIFIED.json` (atomic) lists every cell of the
-    host's roster with its verified pull (files, bytes, the manifest's SHA-256 from each cell's PULL_VERIFIED
-    marker), written only when every one is verified; otherwise the cells that are not are named (and none is
-    written: a stale one is removed). Returns the path written, or None."""
+def sweep_manifest(root, host, sweep: str, cells: list[str], entry: dict, console: Console) -> str | None:
+    """After a pull of a sweep's cells on a host: `<runs>/<sweep>/<host>.SWEEP_VERIFIED.json` (atomic) lists every
+    cell of the host's roster (`cells`) with its verified pull (files, bytes, the manifest's SHA-256 from each
+    cell's PULL_VERIFIED marker), written only when every one is verified; otherwise the cells that are not are
+    named (and none is written: a stale one is removed). Returns the path written, or None."""
     from rgt.ledger import atomic_write_json, read_json
 
-    path = root / host.sweep / f"{host.name}.SWEEP_VERIFIED.json"
-    expected = [c["run_id"] for c in host.recalled["cells"]]
-    markers = {cell: read_json(root / cell / f"{host.name}.PULL_VERIFIED.json") for cell in expected}
-    missing = [c for c in expected if not (entry["cells"].get(c) or {}).get("verified") or not markers[c]]
+    path = root / sweep / f"{host.name}.SWEEP_VERIFIED.json"
+    markers = {cell: read_json(root / cell / f"{host.name}.PULL_VERIFIED.json") for cell in cells}
+    missing = [c for c in cells if not (entry["runs"].get(c) or {}).get("verified") or not markers[c]]
     if missing:
         path.unlink(missing_ok=True)
-        console.print(f"[red]sweep {host.sweep} on {host.name}: {len(expected) - len(missing)}/{len(expected)} cells "
+        console.print(f"[red]sweep {sweep} on {host.name}: {len(cells) - len(missing)}/{len(cells)} cells "
                       f"verified; not verified: {', '.join(missing)}[/red]")
         return None
-    atomic_write_json(path, {"schema": "rgt/sweep-verified/v1", "sweep": host.sweep, "host": host.name,
+    atomic_write_json(path, {"schema": "rgt/sweep-verified/v1", "sweep": sweep, "host": host.name,
                              "instance_id": str(host.instance_id), "cells": {
                                  c: {k: markers[c].get(k) for k in ("files", "bytes", "manifest_sha256",
-                                                                    "verified_at")} for c in expected}})
-    console.print(f"[green]sweep {host.sweep} on {host.name}: every cell of its roster verified ({len(expected)}) "
+                                                                    "verified_at")} for c in cells}})
+    console.print(f"[green]sweep {sweep} on {host.name}: every cell of its roster verified ({len(cells)}) "
                   f"-> {path}[/green]")
     return str(path)
 
 
+def runs_to_pull(host) -> list[dict]:
+    """The runs a prepared host pulls, in order: every run it acts on (rgt.memory.runs_acted_on: with no job spec,
+    every run the ledger knows on it; with a sweep's job, each of its cells), else the one its job spec names."""
+    from rgt import memory
+
+    return memory.runs_acted_on(host) or [{"run_id": None, "job": None, "sweep": None}]
+
+
 def rounds(hosts: list) -> list[list]:
-    """The collect plays of a pull: every host in the first; a sweep host once per cell (its k-th cell in the
-    k-th play)."""
+    """The collect plays of a pull (collect acts on one run per host): every host in the first, on its first run;
+    a host with several runs once per run (its k-th run in the k-th play)."""
     if not hosts:
         return []
-    most = max([len(h.recalled["cells"]) for h in hosts if h.sweep] or [1])
-    return [[h for h in hosts if (h.sweep and k < len(h.recalled["cells"])) or (not h.sweep and k == 0)]
-            for k in range(most)]
+    most = max(len(runs_to_pull(h)) for h in hosts)
+    return [[h for h in hosts if k < len(runs_to_pull(h))] for k in range(most)]
+
+
+def _point_at(host, run: dict) -> None:
+    """Make a host's play (and a Kubernetes host's engine) act on one of its runs."""
+    if run.get("job") is not None:
+        host.recalled = {**host.recalled, "job": run["job"]}
+        host.vars = {**host.vars, "rgt_job": run["job"]}
 
 
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
@@ -144,44 +160,59 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     docs: dict[str, dict] = {}
     results = []
     by_name = {h.name: h for h in hosts}
-    on_cluster, boxes = k8s_run.split(hosts)
-    if on_cluster:  # seal on the claim, copy through a helper pod, verify here (rgt.k8s_run)
-        results.append(k8s_run.pull(on_cluster, root, bool(args.verify_only), console))
-        for host in on_cluster:
-            docs[host.name] = host_doc(host.name, results[-1].hosts.get(host.name))
-            console.print(f"[{'green' if docs[host.name]['verified'] else 'red'}]"
-                          f"{escape(host_line(host.name, docs[host.name]))}[/]")
-    for index, members in enumerate(rounds(boxes)):  # a sweep host pulls one cell per round: collect is per run
+    pulled: dict[str, list[dict]] = {h.name: runs_to_pull(h) for h in hosts}
+    several = {name for name, runs in pulled.items() if len(runs) > 1 or any(r.get("sweep") for r in runs)}
+    # a host with several runs (a sweep's cells, or every run the ledger remembers) pulls one run per round:
+    # collect acts on one run; a Kubernetes host's engine the same way
+    for index, members in enumerate(rounds(hosts)):
         for host in members:
-            if host.sweep:
-                host.recalled = {**host.recalled, "job": host.recalled["cells"][index]}
-        result = run_playbook(playbook, args.inventory, members, ledger=ledger, console=console,
-                              extravars=extravars,
-                              limit=",".join(h.name for h in members) if index or on_cluster else args.limit,
-                              quiet=not args.verbose, verbosity=args.verbose or 0)
-        results.append(result)
-        for host in members:
+            _point_at(host, pulled[host.name][index])
+        on_cluster, boxes = k8s_run.split(members)
+        outcomes = []
+        if on_cluster:  # seal on the claim, copy through a helper pod, verify here (rgt.k8s_run)
+            results.append(k8s_run.pull(on_cluster, root, bool(args.verify_only), console))
+            outcomes += [(h, results[-1]) for h in on_cluster]
+        if boxes:
+            result = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
+                                  extravars=extravars, limit=",".join(h.name for h in boxes),
+                                  quiet=not args.verbose, verbosity=args.verbose or 0)
+            results.append(result)
+            outcomes += [(h, result) for h in boxes]
+        for host, result in outcomes:
             doc = host_doc(host.name, result.hosts.get(host.name))
             label = host.name
-            if host.sweep:
-                cell = host.recalled["job"]["run_id"]
-                label = f"{host.name}:{cell}"
-                docs.setdefault(host.name, {"host": host.name, "sweep": host.sweep, "cells": {}})["cells"][cell] = doc
+            if host.name in several:
+                run = pulled[host.name][index]
+                run_id = run["run_id"] or (host.vars.get("rgt_job") or {}).get("run_id")
+                label = f"{host.name}:{run_id}"
+                entry = docs.setdefault(host.name, {"host": host.name, "runs": {}})
+                entry["runs"][run_id] = doc
+                if run.get("sweep"):
+                    entry.setdefault("cells", {})[run_id] = doc
+                    entry.setdefault("sweeps", {}).setdefault(run["sweep"], []).append(run_id)
             else:
                 docs[host.name] = doc
             console.print(f"[{'green' if doc['verified'] else 'red'}]{escape(host_line(label, doc))}[/]")
+    for host in hosts:  # back on its first run (the report looks at it, and at the others beside it)
+        _point_at(host, pulled[host.name][0])
     for name, entry in docs.items():
-        if by_name[name].sweep:
-            cells = entry["cells"].values()
-            entry.update(verified=all(c["verified"] for c in cells), files=sum(c.get("files") or 0 for c in cells),
-                         bytes=sum(c.get("bytes") or 0 for c in cells),
-                         unverified=sorted(k for k, c in entry["cells"].items() if not c["verified"]))
+        if name in several:
+            runs = entry["runs"].values()
+            entry.update(verified=all(r["verified"] for r in runs), files=sum(r.get("files") or 0 for r in runs),
+                         bytes=sum(r.get("bytes") or 0 for r in runs),
+                         unverified=sorted(k for k, r in entry["runs"].items() if not r["verified"]))
+            sweep_names = list(entry.get("sweeps") or {})
+            if sweep_names:
+                entry["sweep"] = sweep_names[0]
             if not args.verify_only:
-                entry["sweep_manifest"] = sweep_manifest(root, by_name[name], entry, console)
+                entry["sweep_manifests"] = {s: sweep_manifest(root, by_name[name], s, cells, entry, console)
+                                            for s, cells in (entry.get("sweeps") or {}).items()}
+                if sweep_names:
+                    entry["sweep_manifest"] = entry["sweep_manifests"][sweep_names[0]]
     result = results[0]
     code = errors.worst(r.exit_code for r in results)
     # a sweep host: every cell; one page per sweep (a Kubernetes host's report needs its box's records: not made)
-    verified = [h for h in boxes if docs[h.name]["verified"]]
+    verified = [h for h in k8s_run.split(hosts)[1] if docs[h.name]["verified"]]
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
         from rgt import runreport
 

@@ -53,6 +53,17 @@ def single_run_owners(hosts: list, run_id: str, ledger) -> list:
     return owners
 
 
+def _sweep_of(cell: str):
+    """With no job spec: every host that holds cells of CELL's sweep (the ledger's runs and rosters) launches that
+    sweep's share, so the owner's launch gets the cell and the roster keeps every host (rgt.memory.recall)."""
+    def choose(runs_by_host: dict[str, list[dict]]) -> dict:
+        sweep = next((r["sweep"] for runs in runs_by_host.values() for r in runs
+                      if r["run_id"] == cell and r.get("sweep")), None)
+        return {name: ("sweep", sweep) for name, runs in runs_by_host.items()
+                if sweep and any(r.get("sweep") == sweep for r in runs)}
+    return choose
+
+
 def cmd_retry(args: argparse.Namespace, console: Console) -> int:
     from rgt import k8s_run
     from rgt.cli import emit, prepare
@@ -61,7 +72,7 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
 
     ns = argparse.Namespace(**vars(args))
     ns.playbook = "launch_detached"
-    playbook, hosts, extravars = prepare(ns)
+    playbook, hosts, extravars = prepare(ns, choose=_sweep_of(args.cell))
     owners = [h for h in hosts if any(c["id"] == args.cell for c in (h.overlay.get("rgt_sweep") or {}).get("cells")
                                       or [])]
     sweep = None

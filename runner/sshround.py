@@ -43,12 +43,12 @@ ANSWER_TIMEOUT_S = 90  # connect, plus the status collectors' own bounded calls 
 MAX_PARALLEL = 64
 ZIPAPP_KEEP = 8  # built zipapps kept on the controller, newest first
 PACKAGE = "ansible_collections/rgt/remote_gpu/plugins/module_utils"
-ENTRY_UTILS = ("rgt_statusdoc", "rgt_logread")
+ENTRY_UTILS = ("rgt_statusdoc", "rgt_logread", "rgt_sweep")
 MAIN = '''\
 import json
 import sys
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_statusdoc
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_statusdoc, rgt_sweep
 
 
 def main():
@@ -59,7 +59,10 @@ def main():
         if op == "log":
             rgt_logread.stream(params, out)
             return 0
-        doc = {"status": rgt_statusdoc.status_document(params)}
+        if op == "roster":
+            doc = {"roster": rgt_sweep.box_roster(params)}
+        else:
+            doc = {"status": rgt_statusdoc.status_document(params)}
     except ValueError as exc:
         doc = {"failed": True, "msg": str(exc)}
     except KeyboardInterrupt:
@@ -422,6 +425,41 @@ def status_round(inventory: str, hosts: list[Host], extravars: dict | None = Non
             futures = {name: pool.submit(status_one, *job) for name, job in jobs.items()}
             out.update({name: f.result() for name, f in futures.items()})
     return out
+
+
+def roster_round(inventory: str, hosts: list[Host], extravars: dict | None, project: str,
+                 sweep: str) -> dict[str, dict]:
+    """{host name: that box's own roster of the sweep (module_util rgt_sweep.box_roster: {cells {id: host},
+    created_at})} for every host that answered and keeps one, all at once, read-only. A host only Ansible can reach
+    (a templated connection or durable root) or that does not answer is left out: the runner cannot look there
+    before the play."""
+    cfg = ssh_config()
+    statusdoc = paths.module_util("rgt_statusdoc")
+    jobs = {}
+    for host in hosts:
+        try:
+            durable = ((host.profile or {}).get("roots") or {}).get("durable")
+            params = {"durable_root": statusdoc.params_from_vars(host.vars, durable)["durable_root"],
+                      "project": project, "sweep": sweep}
+            jobs[host.name] = (target_for(inventory, host, extravars, cfg), params)
+        except ValueError:
+            continue
+    if not jobs:
+        return {}
+    bundle()
+
+    def one(target: Target, params: dict) -> dict | None:
+        answer = run_cached(target, (json.dumps({"op": "roster", **params}) + "\n").encode())
+        try:
+            doc = json.loads(answer.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return None
+        return doc.get("roster") if isinstance(doc, dict) and isinstance(doc.get("roster"), dict) else None
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(jobs))) as pool:
+        futures = {name: pool.submit(one, *job) for name, job in jobs.items()}
+        found = {name: f.result() for name, f in futures.items()}
+    return {name: roster for name, roster in found.items() if roster}
 
 
 def can_round(inventory: str, host: Host, extravars: dict | None = None) -> bool:

@@ -10,8 +10,10 @@ any unreachable host, else 0 (every run running or finished).
 watch: a bounded loop of status ticks (default every 90 s, at most 120 ticks). A host whose SSH fails is backed
 off exponentially (interval x 2^k, capped at 10 min) and skipped until it is due again; the next tick is at the
 smallest due time. The loop ends when every run is finished, failed, dead, preempted (and not being resumed),
-not started, or needs attention. A preempted run whose job.json says attempt_policy.auto_resume is relaunched
-once per attempt through playbooks/launch_detached.yml (old code); failed, dead and attention runs never are.
+not started, or needs attention. Every run a host acts on (rgt.memory: without a job spec, every run and sweep cell
+the ledger knows on it) is looked at and resumed on its own: a preempted run whose job.json says
+attempt_policy.auto_resume, and a sweep cell its dead queue never started, are relaunched once per attempt through
+playbooks/launch_detached.yml (old code; a sweep through its queue); failed, dead and attention runs never are.
 """
 
 from __future__ import annotations
@@ -276,12 +278,14 @@ def emit(doc: dict, as_json: bool) -> None:
 
 # ---------------------------------------------------------------- status
 
-def _prepare(args: argparse.Namespace, playbook: str = "monitor"):
+def _prepare(args: argparse.Namespace, playbook: str = "monitor", choose=None):
+    """The hosts and extra vars of a play (rgt.cli.prepare): with no job spec, each host acts on every run the
+    ledger remembers on it (a launch: the unit `choose` picks)."""
     from rgt.cli import prepare
 
     ns = argparse.Namespace(**vars(args))
     ns.playbook = playbook
-    _playbook, hosts, extravars = prepare(ns)
+    _playbook, hosts, extravars = prepare(ns, choose=choose)
     return hosts, extravars
 
 
@@ -364,44 +368,106 @@ def is_terminal(doc: dict, resumable: bool = False) -> bool:
 
 
 def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, extravars: dict | None = None,
-             ledger: Path | None = None, host_objs: list | None = None) -> int:
-    """Relaunch preempted runs with their old code (attempt n+1) through playbooks/launch_detached.yml (a
-    Kubernetes host: its Job again, rgt.k8s_run)."""
+             ledger: Path | None = None, host_objs: list | None = None,
+             due: dict[str, list[dict]] | None = None) -> int:
+    """Start the due runs again through playbooks/launch_detached.yml (a Kubernetes host: its Job again,
+    rgt.k8s_run): a preempted run with its old code (attempt n+1), a sweep whose cells never started through its
+    queue. By run, not by host: a host acting on the runs the ledger remembers (rgt.memory.recall) gets one launch
+    per sweep with due cells (its queue resumes them all) and one per due single run (the k-th of each host in the
+    k-th play); a host given a job spec launches that job. `due`: {host: the due runs' status documents}. Returns
+    the worst exit code of the launches."""
+    from rgt import memory
+
+    by_obj = {h.name: h for h in host_objs or []}
+    remembered = [n for n in hosts if (getattr(by_obj.get(n), "recalled", None) or {}).get("remembered")]
+    plays: list[tuple[memory.Chooser | None, list[str]]] = []
+    given = [n for n in hosts if n not in remembered]
+    if given:
+        plays.append((None, given))
+    by_sweep: dict[str, list[str]] = {}
+    singles: dict[str, list[str]] = {}
+    for name in remembered:
+        sweep_of = {r["run_id"]: r.get("sweep") for r in memory.runs_acted_on(by_obj[name])}
+        for run in (due or {}).get(name) or []:
+            run_id = str(run.get("run_id"))
+            sweep = run.get("sweep") or sweep_of.get(run_id)
+            if sweep and name not in by_sweep.setdefault(sweep, []):
+                by_sweep[sweep].append(name)
+            elif not sweep:
+                singles.setdefault(name, []).append(run_id)
+    for sweep, names in sorted(by_sweep.items()):
+        plays.append((_same_sweep(sweep), names))
+    for index in range(max([len(ids) for ids in singles.values()] or [0])):
+        picked = {name: ids[index] for name, ids in singles.items() if index < len(ids)}
+        plays.append((lambda _runs, picked=picked: {n: ("run", r) for n, r in picked.items()}, sorted(picked)))
+    codes = [_launch(args, console, ledger or ledger_dir(args.ledger), choose, names) for choose, names in plays]
+    return errors.worst(codes)
+
+
+def _same_sweep(sweep: str):
+    """A chooser (rgt.memory.recall) that gives every host holding cells of `sweep` that sweep's share (the roster
+    needs all its hosts in the play; the launch runs only where cells are due)."""
+    def choose(runs_by_host: dict[str, list[dict]]) -> dict:
+        return {name: ("sweep", sweep) for name, runs in runs_by_host.items()
+                if any(r.get("sweep") == sweep for r in runs)}
+    return choose
+
+
+def _launch(args: argparse.Namespace, console: Console, ledger: Path, choose, names: list[str]) -> int:
+    """One relaunch play on `names`, prepared as a launch (a sweep host gets its share), the code each run ran."""
     from rgt import k8s_run, paths
     from rgt.phases import run_playbook
 
-    ledger = ledger or ledger_dir(args.ledger)
-    if host_objs is not None and any(k8s_run.is_k8s(h) for h in host_objs if h.name in hosts):
-        on_cluster, boxes = k8s_run.split([h for h in host_objs if h.name in hosts])
-        code = k8s_run.relaunch(on_cluster, console, ledger)
-        if not boxes:
-            return code
-        return errors.worst([code, relaunch(args, console, [h.name for h in boxes], extravars=extravars,
-                                            ledger=ledger, host_objs=boxes)])
     playbook = paths.PLAYBOOKS_DIR / "launch_detached.yml"
     if not playbook.is_file():
-        console.print(f"[red]cannot relaunch[/red] {', '.join(hosts)}: {playbook} does not exist")
+        console.print(f"[red]cannot relaunch[/red] {', '.join(names)}: {playbook} does not exist")
         return errors.FAILED
-    swept = any(getattr(h, "sweep", None) for h in host_objs or [])
-    if host_objs is None or extravars is None or swept:
-        # a sweep host relaunches through its sweep's queue: its share (rgt_sweep) comes with a launch's prepare
-        all_hosts, extravars = _prepare(args, "launch_detached" if swept else "monitor")
-        host_objs = [h for h in all_hosts if h.name in hosts]
-    evars = {**(extravars or {}), "launch_detached_use_new_code": False}
-    result = run_playbook(playbook, args.inventory, host_objs, ledger=ledger, console=console, extravars=evars,
-                          limit=",".join(hosts), quiet=True, verbosity=args.verbose or 0)
-    return result.exit_code
+    all_hosts, extravars = _prepare(args, "launch_detached", choose)
+    on_cluster, boxes = k8s_run.split([h for h in all_hosts if h.name in names])
+    codes = [k8s_run.relaunch(on_cluster, console, ledger)] if on_cluster else []
+    if boxes:
+        result = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
+                              extravars={**extravars, "launch_detached_use_new_code": False},
+                              limit=",".join(h.name for h in boxes), quiet=True, verbosity=args.verbose or 0)
+        codes.append(result.exit_code)
+        for name, outcome in sorted(result.hosts.items()):
+            if outcome.failed or outcome.unreachable:  # the play was quiet: say why this relaunch did not happen
+                why = _first_line(list(reversed(outcome.messages))) or "the launch failed"
+                console.print(f"  [red]not relaunched[/red] {escape(name)}: {escape(why)}")
+    return errors.worst(codes)
 
 
-def resume_key(name: str, doc: dict, sweep: bool) -> tuple | None:
-    """What a relaunch of this host would resume, once (None: nothing): its run when preempted with auto_resume
-    and no attention; for a sweep host, every such cell (its queue resumes them all in one launch)."""
-    runs = (doc, *(doc.get("other_runs") or [])) if sweep else (doc,)
-    due = [r for r in runs if r.get("state") == "preempted" and r.get("auto_resume") and not r.get("attention")]
+def due_runs(doc: dict, cells: set[str] | frozenset = frozenset()) -> list[dict]:
+    """The runs of a host's document (its run and the others seen beside it) that a relaunch would start again:
+    preempted with auto_resume and no attention; and a sweep cell (its document names the sweep, or its id is in
+    `cells`) that never started (its sweep's queue on the box is not running, or will not start it: a relaunch
+    starts the queue again; train asked for the cell, so auto_resume does not apply). Failed, dead and attention
+    runs never are."""
+    out = []
+    for run in (doc, *(doc.get("other_runs") or [])):
+        if run.get("attention"):
+            continue
+        cell = bool(run.get("sweep")) or str(run.get("run_id")) in cells
+        if (run.get("state") == "preempted" and run.get("auto_resume")) or (cell and run.get("state") ==
+                                                                            "not_started"):
+            out.append(run)
+    return out
+
+
+def resume_key(name: str, doc: dict, cells: set[str] | frozenset = frozenset()) -> tuple | None:
+    """What a relaunch of this host would start again, once (None: nothing): every due run (due_runs) with its
+    attempt, so a later preemption of the same run is a new key."""
+    due = due_runs(doc, cells)
     if not due:
         return None
-    return (name, tuple(sorted((str(r.get("run_id")), r.get("attempt")) for r in due))) if sweep \
-        else (name, doc.get("attempt"))
+    return name, tuple(sorted((str(r.get("run_id")), r.get("attempt")) for r in due))
+
+
+def cells_of(host) -> set[str]:
+    """The run ids of the sweep cells a prepared host acts on (rgt.memory.runs_acted_on)."""
+    from rgt import memory
+
+    return {r["run_id"] for r in memory.runs_acted_on(host) if r.get("sweep")}
 
 
 def _monotonic() -> float:  # seams for tests: a fake clock drives the scheduler
@@ -448,7 +514,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             doc = docs[name]
             latest[name] = doc
             delay = schedule.update(name, doc.get("state") != "unreachable", mono)
-            key = resume_key(name, doc, bool(getattr(by_name[name], "sweep", None)))
+            key = resume_key(name, doc, cells_of(by_name[name]))
             resumable = key is not None and key not in relaunched
             note = f"next try in {delay:.0f} s" if doc.get("state") == "unreachable" else ""
             console.print(tick_line(name, doc, now, note), highlight=False, markup=False)
@@ -463,12 +529,19 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
         _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
         if to_resume:
-            console.print(f"[yellow]relaunching[/yellow] preempted run(s) with auto_resume on: {', '.join(to_resume)}")
+            waiting = {n: due_runs(latest[n], cells_of(by_name[n])) for n in to_resume}
+            console.print("[yellow]relaunching[/yellow] preempted run(s) with auto_resume on, and sweep cells whose "
+                          "queue never started them: " + ", ".join(
+                              f"{n} ({', '.join(str(r.get('run_id')) for r in waiting[n])})" for n in to_resume))
             rc = relaunch(args, console, to_resume, extravars=extravars, ledger=ledger,
-                          host_objs=[by_name[n] for n in to_resume])
+                          host_objs=[by_name[n] for n in to_resume], due=waiting)
             for name in to_resume:
+                runs = waiting[name]
                 entry = {"t": time.time(), "event": "relaunch", "host": name, "attempt": latest[name].get("attempt"),
-                         "reason": "preempted", "auto_resume": True, "exit_code": rc}
+                         "runs": [r.get("run_id") for r in runs],
+                         "reason": "preempted" if any(r.get("state") == "preempted" for r in runs)
+                         else "never started", "auto_resume": any(r.get("auto_resume") for r in runs),
+                         "exit_code": rc}
                 relaunched.add(keys[name])
                 relaunches.append(entry)
                 append_jsonl(events, entry)
@@ -553,7 +626,8 @@ def _watch_notify(notifier, docs: dict[str, dict], summary: str) -> None:
 
 STATUS_HELP = "look at each box once: the state of its run, step, loss, GPU use, disk, heartbeat (read-only)"
 STATUS_DESCRIPTION = """\
-Look at each box once, read-only, and print one row per host: the run's state (running, stalled, finished,
+Look at each box once, read-only, and print one row per run (without -e: every run and sweep cell rgt launched on
+each box; -e @job.yml narrows it to that job): the run's state (running, stalled, finished,
 failed, dead, preempted), step and loss from its log, GPU use, free disk and inodes, the last heartbeat, the cost
 so far, and anything that needs your attention. A box that cannot be reached is shown as unreachable with the
 last state it reported; it is never taken for a dead job.
@@ -564,7 +638,9 @@ WATCH_DESCRIPTION = """\
 Run `rgt-run status` again and again (every 90 s by default, at most 120 times) until every run has finished,
 failed, died, or needs your attention. A box that cannot be reached is asked again later and later (doubling, at
 most every 10 minutes). A preempted run whose job spec says auto_resume: true is restarted from its newest
-checkpoint with the code it started with; failed runs and runs that need attention never are.
+checkpoint with the code it started with; failed runs and runs that need attention never are. A sweep whose queue
+on the box died before starting every cell gets its queue started again. Without -e it watches every run and sweep
+rgt launched on each box (and resumes each, by run); -e @job.yml narrows it to that job.
 Exit codes: as for `rgt-run status`."""
 
 

@@ -5,17 +5,21 @@ The cells, their run ids, commands and environments are module_util rgt_sweep's 
 box). Placement is rgt_sweep.place over the hosts that carry the sweep, each weighted by the cells it runs at once
 (rgt_job.gpu.count // sweep.gpus_per_cell, at least 1). A roster is sticky: once `<ledger>/sweeps/<project>/
 <name>.json` holds it, a cell keeps its host on every later train (so a changed inventory never starts a cell a
-second time elsewhere); a cell whose host is not in the play is refused (exit 2), and only new cells are placed.
+second time elsewhere); a cell whose host is not in the play is refused (exit 2), and only new cells are placed. A
+roster the ledger lost is not guessed again: the cells the ledger remembers launched (rgt.memory) and each box's own
+roster (read before a launch) keep their hosts; a damaged roster is refused (exit 2, the file named).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from rgt import paths
 from rgt.errors import InputError
-from rgt.ledger import atomic_write_json, read_json
+from rgt.ledger import atomic_write_bytes, read_record
 from rgt.safetext import printable
 
 ROSTER_SCHEMA = "rgt/roster/v1"
@@ -34,15 +38,34 @@ def roster_path(ledger: Path, project: str, name: str) -> Path:
     return ledger / "sweeps" / project / f"{name}.json"
 
 
+def _roster_problem(doc) -> str | None:
+    if not isinstance(doc, dict) or doc.get("schema") != ROSTER_SCHEMA:
+        return f"not an {ROSTER_SCHEMA} roster"
+    if not isinstance(doc.get("cells"), list) or not all(
+            isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("host"), str)
+            for c in doc["cells"]):
+        return "its cells are not a list of {id, host}"
+    if "job" in doc and not isinstance(doc["job"], dict):
+        return "its job is not a mapping"
+    return None
+
+
+def _read(path: Path) -> dict | None:
+    return read_record(path, _roster_problem, fix=f"restore {path} from a backup, or move it away: the next train "
+                       "then keeps each cell on the host the ledger's runs and the boxes' own roster of the sweep "
+                       "name (a cell never moves to another host)")
+
+
 def read_roster(ledger: Path, project: str, name: str) -> dict | None:
-    doc = read_json(roster_path(ledger, project, name))
-    return doc if isinstance(doc, dict) and doc.get("schema") == ROSTER_SCHEMA else None
+    """The sweep's roster in the ledger, or None when there is none; a damaged one is refused (exit 2)."""
+    return _read(roster_path(ledger, project, name))
 
 
-def all_rosters(ledger: Path) -> list[dict]:
-    folder = ledger / "sweeps"
-    docs = [read_json(p) for p in sorted(folder.glob("*/*.json"))] if folder.is_dir() else []
-    return [d for d in docs if isinstance(d, dict) and d.get("schema") == ROSTER_SCHEMA]
+def project_rosters(ledger: Path, project: str) -> list[dict]:
+    """Every roster of a project in the ledger (a damaged one is refused), newest first."""
+    folder = ledger / "sweeps" / project
+    docs = [_read(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return sorted((d for d in docs if d), key=lambda d: str(d.get("created_at") or ""), reverse=True)
 
 
 def slots(job: dict) -> list[str]:
@@ -91,9 +114,40 @@ def _cells(job: dict) -> list[dict]:
         raise InputError(str(exc), fix=exc.fix, field=exc.field) from None
 
 
-def plan(hosts: list, ledger: Path | None) -> list[dict]:
+# (hosts, project, sweep name) -> {host: that box's own roster of the sweep}: rgt.sshround.roster_round
+BoxLook = Callable[[list, str, str], dict]
+
+
+def placed_before(ledger: Path | None, project: str, name: str, cell_ids: set[str], hosts: list,
+                  look: BoxLook | None = None) -> dict[str, str]:
+    """{cell id: host} for a sweep whose roster is not in the ledger, from what is known instead of a guess: the
+    cells the ledger remembers launched on a host (rgt.memory) and the roster each box keeps (`look`, the hosts that
+    can be asked before the play). A cell known on two hosts is refused (exit 2)."""
+    from rgt import memory
+
+    found: dict[str, set[str]] = {}
+    if ledger is not None:
+        for host in memory.hosts_remembered(ledger):
+            for run in memory.runs_of(ledger, host):
+                if run.get("project") == project and run.get("run_id") in cell_ids:
+                    found.setdefault(run["run_id"], set()).add(host)
+    for _asked, roster in (look(hosts, project, name) if look and hosts else {}).items():
+        for cell, host in (roster.get("cells") or {}).items():
+            if cell in cell_ids and isinstance(host, str):
+                found.setdefault(cell, set()).add(host)
+    twice = sorted((cell, sorted(on)) for cell, on in found.items() if len(on) > 1)
+    if twice:
+        listed = ", ".join(f"{cell} (on {' and '.join(on)})" for cell, on in twice[:5])
+        raise InputError(f"sweep {name}: the ledger keeps no roster, and cell(s) {listed} are known on two hosts",
+                         fix="restore the sweep's roster in the ledger, or give the sweep a new rgt_job.name",
+                         field="rgt_job.sweep")
+    return {cell: next(iter(on)) for cell, on in found.items()}
+
+
+def plan(hosts: list, ledger: Path | None, look: BoxLook | None = None) -> list[dict]:
     """Each sweep of the play: {sweep, project, job, gpus_per_cell, slots {host: [...]}, at_once {host: n},
-    roster}. With a ledger, a cell already in the sweep's roster keeps its host."""
+    roster}. With a ledger, a cell already in the sweep's roster keeps its host; a sweep with no roster there keeps
+    the hosts placed_before finds (the ledger's runs, and with `look` the boxes' own rosters)."""
     lib = _lib()
     out = []
     for (project, name), members in groups(hosts).items():
@@ -103,7 +157,10 @@ def plan(hosts: list, ledger: Path | None) -> list[dict]:
         host_slots = {h.name: slots(sweep_job(h)) for h in members}
         at_once = {h: len(s) for h, s in host_slots.items()}
         kept = read_roster(ledger, project, name) if ledger is not None else None
-        before = {c["id"]: c["host"] for c in (kept or {}).get("cells") or []}
+        if kept is not None:
+            before = {c["id"]: c["host"] for c in kept["cells"]}
+        else:
+            before = placed_before(ledger, project, name, {c["id"] for c in cells}, members, look)
         elsewhere = sorted((cid, before[cid]) for cid in (c["id"] for c in cells)
                            if cid in before and before[cid] not in names)
         if elsewhere:
@@ -130,8 +187,26 @@ def plan(hosts: list, ledger: Path | None) -> list[dict]:
 
 
 def record(ledger: Path, item: dict) -> None:
-    """Keep a sweep's roster (and its job, for `rgt-run retry`) in the ledger, atomically."""
-    atomic_write_json(roster_path(ledger, item["project"], item["sweep"]), {**item["roster"], "job": item["job"]})
+    """Keep a sweep's roster (and its job, for `rgt-run retry` and a relaunch) in the ledger, atomically, with the
+    keys in the order written: the order of `sweep.matrix` is part of every cell's run id."""
+    doc = {**item["roster"], "job": item["job"]}
+    atomic_write_bytes(roster_path(ledger, item["project"], item["sweep"]),
+                       (json.dumps(doc, indent=2, default=str) + "\n").encode())
+
+
+def roster_job(roster: dict) -> dict | None:
+    """The sweep's job as its roster keeps it, with `sweep.matrix` in the order its cells' run ids name the keys (a
+    roster written with sorted keys lost that order, and another order makes other run ids)."""
+    job = roster.get("job")
+    matrix = ((job or {}).get("sweep") or {}).get("matrix")
+    name = (job or {}).get("run_id") or (job or {}).get("name")
+    if not isinstance(matrix, dict) or len(matrix) < 2 or not name:
+        return job
+    for cell in roster.get("cells") or []:
+        keys = [part.split("=", 1)[0] for part in str(cell["id"])[len(name) + 2:].split("--")]
+        if sorted(keys) == sorted(matrix):  # a cell of the matrix names exactly its keys, in their order
+            return {**job, "sweep": {**job["sweep"], "matrix": {k: matrix[k] for k in keys}}}
+    return job
 
 
 def host_share(item: dict, host: str, retry: list[str] | None = None) -> dict:
@@ -144,45 +219,31 @@ def host_share(item: dict, host: str, retry: list[str] | None = None) -> dict:
 
 
 def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
-    """For a play that looks at runs: each sweep host acts on its first cell and reports the others too (as a
-    host with several runs); the sweep's job leaves the extra vars (each host gets its own cell's job through the
-    runner's inventory)."""
+    """For a play that looks at runs: each sweep host acts on its cells (rgt.memory.act_on: the first, and the
+    others in the same round trip); the sweep's job leaves the extra vars (each host gets its own cell's job through
+    the runner's inventory)."""
+    from rgt import memory
+
     if isinstance(extravars.get("rgt_job"), dict) and extravars["rgt_job"].get("sweep"):
         del extravars["rgt_job"]
     by_name = {h.name: h for h in hosts}
     for item in items:
         for name in item["slots"]:
-            cells = [cell_job(item["job"], c) for c in item["roster"]["cells"] if c["host"] == name]
+            runs = [{"run_id": c["id"], "project": item["project"], "job": cell_job(item["job"], c),
+                     "sweep": item["sweep"], "launched_at": None}
+                    for c in item["roster"]["cells"] if c["host"] == name]
             host = by_name[name]
-            if cells:
-                host.recalled = {"job": cells[0], "cells": cells}
-                host.other_runs = [c["run_id"] for c in cells[1:]]
-                host.vars = {**host.vars, "rgt_job": cells[0]}
+            if runs:
+                memory.act_on(host, runs)
             host.sweep = item["sweep"]
 
 
-def recall(hosts: list, ledger: Path) -> None:
-    """A host with no job spec that has cells in a sweep of the ledger (its project) gets that sweep's job (the
-    newest such roster), so status, pull, logs, teardown and retry need no `-e @job.yml` again."""
-    rosters = sorted(all_rosters(ledger), key=lambda r: str(r.get("created_at") or ""), reverse=True)
-    for host in hosts:
-        if isinstance(host.vars.get("rgt_job"), dict):
-            continue
-        for roster in rosters:
-            if roster.get("project") == host.project and isinstance(roster.get("job"), dict) \
-                    and any(c.get("host") == host.name for c in roster.get("cells") or []):
-                host.vars = {**host.vars, "rgt_job": roster["job"]}
-                break
-
-
 def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only: bool = False,
-            recalling: bool = False) -> list[dict]:
-    """Before a play (rgt.cli.prepare): a launching play (train, launch_detached) gets each sweep host's share as
-    the host var rgt_sweep (through the runner's inventory); any other play sees each cell as a run (expand).
-    Refuses a sweep on a profile whose detach primitive cannot run one (exit 2). `recalling`: a host with no job
-    spec gets its sweep from the ledger (recall). Returns the sweeps' plans."""
-    if recalling:  # a play that acts on runs already launched, with no job spec given
-        recall(hosts, ledger)
+            look: BoxLook | None = None) -> list[dict]:
+    """Before a play (rgt.cli.prepare, after rgt.memory.recall): a launching play (train, launch_detached) gets each
+    sweep host's share as the host var rgt_sweep (through the runner's inventory); any other play sees each cell as
+    a run (expand). Refuses a sweep on a profile whose detach primitive cannot run one (exit 2). `look`: how to
+    read the boxes' own roster of a sweep the ledger keeps none of (not for a plan). Returns the sweeps' plans."""
     if not any(sweep_job(h) for h in hosts):
         return []
     for host in hosts:
@@ -192,7 +253,7 @@ def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only
                              "(Kubernetes sweeps are not built)",
                              fix="run the sweep on hosts whose profile detaches with tmux, nohup or sbatch, or run "
                                  "each cell as a job of its own", field="rgt_job.sweep")
-    items = plan(hosts, ledger)
+    items = plan(hosts, ledger, None if plan_only else look)
     if plan_only:
         return items
     if playbook in ("train", "launch_detached"):
@@ -255,9 +316,29 @@ def tally_line(t: dict, why=None) -> str:
     return f"sweep {t['sweep']}: " + ", ".join(parts)
 
 
+def in_scope(hosts: list) -> list[tuple[str, str]]:
+    """(project, sweep) of every sweep whose cells these prepared hosts act on (rgt.memory.runs_acted_on)."""
+    from rgt import memory
+
+    out: list[tuple[str, str]] = []
+    for host in hosts:
+        for run in memory.runs_acted_on(host):
+            key = (run.get("project") or host.project, run.get("sweep"))
+            if key[1] and key not in out:
+                out.append(key)
+    return out
+
+
 def tallies(ledger: Path, hosts: list, runs: list[dict]) -> list[dict]:
-    """The tally of every sweep in the ledger that has a cell on one of `hosts`."""
+    """The tally of every sweep these hosts act on (a job spec given narrows them to its own), over the cells its
+    roster places on these hosts (a cell of a host outside the play was not looked at)."""
     names = {h.name for h in hosts}
     down = {r["host"] for r in runs if r.get("state") == "unreachable"}
-    return [tally(roster, runs, down) for roster in all_rosters(ledger)
-            if any(c.get("host") in names for c in roster.get("cells") or [])]
+    out = []
+    for project, name in in_scope(hosts):
+        roster = read_roster(ledger, project, name)
+        if roster is None:
+            continue
+        mine = {**roster, "cells": [c for c in roster["cells"] if c.get("host") in names]}
+        out.append(tally(mine, runs, down))
+    return out

@@ -440,16 +440,32 @@ def reconcile(facts):
 
 
 def with_queue(doc, queue):
-    """A sweep cell: `sweep` names its sweep; a cell its sweep's live queue will still start (never ran, or
-    preempted or dead and due again) is `queued`, waiting for a free slot, not not_started or preempted. doc
+    """A sweep cell: `sweep` names its sweep and `queue_alive` says whether its queue runs; a cell its sweep's live
+    queue will still start (never ran, or preempted or dead and due again) is `queued`, waiting for a free slot, not
+    not_started or preempted; a cell the launch prepared that no queue ever started (no slot.json) is
+    `not_started` with the queue's story in `queue_reason`, not `dead` (nothing of it ran, so nothing died). doc
     unchanged for a run that is no cell."""
     if not queue:
         return doc
     doc["sweep"] = queue.get("sweep")
+    doc["queue_alive"] = bool(queue.get("alive"))
     if rgt_runlayout.will_start(queue, doc.get("run_id")) \
             and doc["state"] in ("not_started", "preempted", "dead", "failed"):
         doc["state"] = "queued"
         doc["queue_reason"] = "waiting for a free slot in the queue of sweep %s" % queue.get("sweep")
+    elif doc["state"] == "dead" and doc.get("attempt") is None and not queue.get("tried"):
+        # prepared by the launch (job.json) but no queue ever started its wrapper: it did not die, it never ran
+        doc["state"] = "not_started"
+        doc["warnings"] = [w for w in doc.get("warnings") or [] if not w.startswith("job.json present but no ")]
+        if queue.get("alive"):
+            why = "its queue will not start it"
+        elif queue.get("ended") == "done":
+            why = "the queue of the sweep on this box ended"
+        elif queue.get("ended"):
+            why = "the queue of the sweep on this box was stopped by %s" % queue["ended"]
+        else:
+            why = "the queue of the sweep on this box is gone without a word (killed, or the box restarted)"
+        doc["queue_reason"] = "never started: %s; `rgt-run watch` or `rgt-run train` starts it again" % why
     return doc
 
 

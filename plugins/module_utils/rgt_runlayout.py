@@ -543,15 +543,24 @@ RUN_LAYOUT_ARGS = dict(
 
 def sweep_queue(paths):
     """A sweep cell's queue as the box shows it: {sweep, sweep_dir, alive (the queue holds its flock), pending
-    (cells it will still start), running}, or None for a run that is no sweep cell (no .rgt/sweep.json)."""
+    (cells it will still start), running, tried (a queue wrote this cell's .rgt/slot.json: it started the cell's
+    wrapper at least once), ended (a queue that is not running: how it ended, from queue-state.json: "done",
+    "signal <n>", or null when it left no word, e.g. killed or the box restarted)}, or None for a run that is no
+    sweep cell (no .rgt/sweep.json)."""
     marker = read_json(os.path.join(paths.meta, "sweep.json"))
     if not isinstance(marker, dict) or not marker.get("sweep_dir"):
         return None
     meta = os.path.join(marker["sweep_dir"], ".rgt")
     alive = lock_held(os.path.join(meta, "queue.lock"))
-    seen = (read_json(os.path.join(meta, "queue-state.json")) or {}) if alive else {}
+    seen = read_json(os.path.join(meta, "queue-state.json")) or {}
+    ended = None
+    if not alive:
+        ended = "done" if seen.get("ended") else (
+            "signal %s" % seen["stopped_by"] if seen.get("stopped_by") is not None else None)
+        seen = {}
     return {"sweep": marker.get("sweep"), "sweep_dir": marker["sweep_dir"], "alive": alive,
-            "pending": list(seen.get("pending") or []), "running": list(seen.get("running") or [])}
+            "pending": list(seen.get("pending") or []), "running": list(seen.get("running") or []),
+            "tried": os.path.exists(os.path.join(paths.meta, "slot.json")), "ended": ended}
 
 
 def will_start(queue, run_id):

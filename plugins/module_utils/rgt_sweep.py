@@ -22,6 +22,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import os
 import re
 import string
 
@@ -203,3 +204,18 @@ def roster(name, job_cells, placement, created_at=None):
             "cells": [dict(by_id[i], host=h) for h in placement for i in placement[h]],
             "hosts": dict((h, list(ids)) for h, ids in placement.items())}
 
+
+
+def box_roster(params):
+    """A sweep's roster as this box keeps it (<durable_root>/<project>/sweeps/<sweep>/roster.json, written by the
+    launch), read-only: {"cells": {cell id: host}, "created_at"}, or None when the box has none (or an unreadable
+    one). The runner reads it before it places the cells of a sweep whose roster the ledger lost: the box's roster
+    wins over a new placement. Raises ValueError for a project or sweep that is not a plain name."""
+    layout = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
+                                    params["sweep"])  # ValueError: not plain names
+    doc = rgt_runlayout.read_json(os.path.join(layout.sweep_dir(params["sweep"]), "roster.json"))
+    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
+        return None
+    cells = dict((c.get("id"), c.get("host")) for c in doc["cells"]
+                 if isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("host"), str))
+    return {"cells": cells, "created_at": doc.get("created_at")}

@@ -95,7 +95,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm, rgt_sweep
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     RunPaths,
     check_name,
@@ -221,15 +221,17 @@ def list_project(root, project, runs, not_runs):
 
 
 def list_sweeps(root, project, sweeps):
-    """The roster of each sweep of a project on this box (<project>/sweeps/<name>/roster.json): its cells, keyed
-    <project>/<name>."""
+    """The roster of each sweep of a project on this box (<project>/sweeps/<name>/roster.json, read by
+    rgt_sweep.box_roster: one reading for the gate and the runner's placement): its cells, keyed <project>/<name>."""
     base = os.path.join(root, project, "sweeps")
     for name in _listdir(base):
-        roster = read_json(os.path.join(base, name, "roster.json"))
-        if isinstance(roster, dict) and isinstance(roster.get("cells"), list):
+        try:
+            roster = rgt_sweep.box_roster({"durable_root": root, "project": project, "sweep": name})
+        except ValueError:
+            continue  # not a sweep rgt could have named
+        if roster is not None:
             sweeps["%s/%s" % (project, name)] = {"roster": os.path.join(base, name, "roster.json"),
-                                                 "cells": dict((c.get("id"), c.get("host")) for c in roster["cells"]
-                                                               if isinstance(c, dict))}
+                                                 "cells": roster["cells"]}
 
 
 def list_box(durable_root, mounts):

@@ -93,7 +93,8 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
     boxes["rp"].preempt(grace_s=5)
     boxes["rp"].start()
     inv = stub_inventory(stub_fleet, ["adl", "rp"])  # the port can change on restart, as on RunPod
-    watch = rgt("watch", "-i", inv, *given, "--interval", "3", "--max-ticks", "120", "--json", timeout=900)
+    # no -e from here on (but where a test says so): the ledger remembers the sweep's cells on each box
+    watch = rgt("watch", "-i", inv, "--interval", "3", "--max-ticks", "120", "--json", timeout=900)
     assert "relaunch" in watch.stderr.lower(), watch.stderr
     assert watch.rc == 1, watch.stderr  # settled: 7 finished, the failing cell failed
     (tally,) = watch.doc["sweeps"]
@@ -115,7 +116,7 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
     assert box(failing_box, f"grep -c started_at {root(placed[FAILING])}/active/{FAILING}/.rgt/attempts.jsonl"
                ).strip() == "1", "a failed cell is never retried blindly"
 
-    # finished cells not pulled yet: the gate refuses each box's teardown
+    # finished cells not pulled yet: the gate refuses each box's teardown (-e given: it narrows nothing here)
     look = rgt("teardown", "-i", inv, *given, "--json", timeout=300)
     assert look.rc == 3, look.stderr
     reasons = " ".join(r for item in look.doc["instances"].values() for r in item.get("reasons") or [])
@@ -123,14 +124,14 @@ def test_sweep_of_8_cells_on_2_boxes_queues_resumes_reports_and_pulls_verified(r
 
     # the user's word for the failed cell: it runs once more and finishes
     box(failing_box, f"rm -f {FLAG}")
-    retried = rgt("retry", "-i", inv, *given, FAILING, "--json", timeout=300)
+    retried = rgt("retry", "-i", inv, FAILING, "--json", timeout=300)  # the README's form: no -e
     assert retried.rc == 0, retried.stderr
     assert retried.doc["state"] in ("queued", "running")
     done = rgt("watch", "-i", inv, *given, "--interval", "2", "--max-ticks", "60", "--json", timeout=600)
     assert done.rc == 0, done.stderr
     assert done.doc["sweeps"][0]["done"] is True
 
-    pulled = rgt("pull", "-i", inv, *given, "--runs-dir", str(tmp_path / "runs"), "--json", timeout=900)
+    pulled = rgt("pull", "-i", inv, "--runs-dir", str(tmp_path / "runs"), "--json", timeout=900)
     assert pulled.rc == 0, pulled.stderr
     cells = {cell: doc for host in pulled.doc["hosts"].values() for cell, doc in host["cells"].items()}
     assert set(cells) == set(placed) and all(doc["verified"] for doc in cells.values())

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from rgt import jobspec, memory
+from rgt.errors import InputError
 from rgt.init import inventory_text, job_text
 from rgt.inventory import validate_job
 from rgt.profiles import load_profile
@@ -65,10 +66,13 @@ def test_the_ledger_remembers_each_run_of_a_host(tmp_path):
     assert priced["cost_so_far"] > 0 and priced["state"] == "running"
 
 
-def test_a_corrupt_memory_file_is_no_memory(tmp_path):
+def test_a_corrupt_memory_file_is_refused_naming_it(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "box.json").write_text("{not json")
-    assert memory.runs_of(tmp_path, "box") == []
+    with pytest.raises(InputError) as caught:
+        memory.runs_of(tmp_path, "box")
+    assert str(tmp_path / "runs" / "box.json") in caught.value.message and caught.value.exit_code == 2
+    assert "move it away" in caught.value.fix
 
 
 def test_init_writes_a_valid_inventory_and_job_for_every_profile():

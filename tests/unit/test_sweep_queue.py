@@ -310,3 +310,54 @@ def test_a_slot_held_by_a_live_cell_of_an_earlier_queue_stays_busy(tmp_path):
     _until_idle(queue)  # once its wrapper is gone (never ran: state never), this generation may start it
     assert sweep.out("abl--seed=1", "devices") == "1" and sweep.out("abl--seed=0", "devices") == "0"
     assert [len(sweep.starts(c)) for c in sweep.cells] == [1, 1]
+
+
+def test_cells_a_stopped_queue_never_started_are_not_started_and_say_why_not_dead(tmp_path):
+    """The box's status of a cell whose queue died before starting it (a stop signal, a kill, a restart): it never
+    ran, so it is not_started (the runner tallies it missing and watch starts the queue again), never dead."""
+    import signal
+
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_statusdoc
+
+    sweep = Sweep(tmp_path, {"abl--seed=0": command(0, sleep=60), "abl--seed=1": command(0)}, ["0"])
+    for cell in sweep.cells:  # the launch marks each cell as its sweep's (status finds the queue through it)
+        rl.atomic_write_json(os.path.join(sweep.paths(cell).meta, "sweep.json"),
+                             {"sweep": SWEEP, "sweep_dir": str(sweep.dir)})
+    proc = subprocess.Popen([sys.executable, str(sweep.meta / "queue.py"), str(sweep.dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    first = sweep.paths("abl--seed=0")
+    try:
+        deadline = time.time() + 30
+        while not rl.lock_held(first.lock):
+            assert time.time() < deadline and proc.poll() is None, sweep.log()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # the queue is stopped; its running cell's wrapper lives on
+        assert proc.wait(timeout=20) == 0
+        assert sweep.queue_state()["stopped_by"] == signal.SIGTERM
+        assert sweep.queue_state()["pending"] == ["abl--seed=1"]
+
+        def look(cell):
+            return rgt_statusdoc.status_document({"durable_root": sweep.root, "project": PROJECT, "run_id": cell,
+                                                  "mounts": [sweep.root], "history_kb": 0})
+
+        waiting = look("abl--seed=1")
+        assert waiting["state"] == "not_started" and waiting["queue_alive"] is False, waiting
+        assert waiting["sweep"] == SWEEP and "stopped by signal 15" in waiting["queue_reason"]
+        assert "rgt-run watch" in waiting["queue_reason"]
+        assert not any("no wrapper ever recorded" in w for w in waiting["warnings"])
+        assert look("abl--seed=0")["state"] == "running"
+        # the box restarted: the queue left no word at all
+        os.unlink(str(sweep.meta / "queue-state.json"))
+        assert "gone without a word" in look("abl--seed=1")["queue_reason"]
+        # a cell whose wrapper a queue did start, and that never recorded anything, did die
+        rl.atomic_write_json(os.path.join(sweep.paths("abl--seed=1").meta, "slot.json"), {"slot": 0})
+        assert look("abl--seed=1")["state"] == "dead"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pid = rl.read_json(first.pid) or {}
+        for key in ("job_pid", "wrapper_pid"):
+            try:
+                os.killpg(int(pid[key]), signal.SIGKILL) if key == "job_pid" else os.kill(int(pid[key]), 9)
+            except (KeyError, TypeError, ValueError, OSError):
+                pass

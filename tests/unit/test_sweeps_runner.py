@@ -1,6 +1,7 @@
 """rgt.sweeps on the controller: the slots of a host, the sticky roster (a cell keeps its host on every later train,
 a cell whose host left the play is refused), each host's share for the launch, each cell as a run for the plays
-that look at runs, the tally against the roster; and rgt.status.resume_key for a sweep host."""
+that look at runs, the tally against the roster; a host's runs in the ledger (rgt.memory.host_runs, recall); and
+rgt.status.resume_key / due_runs (what watch starts again)."""
 
 import json
 
@@ -233,19 +234,211 @@ def test_tally_line_names_at_most_three_cells():
 
 # ---------------------------------------------------------------- watch: what a relaunch would resume
 
-def test_resume_key_of_a_sweep_host_names_every_preempted_cell_that_may_resume():
+def test_resume_key_names_every_run_of_the_host_that_a_relaunch_starts_again():
     doc = {"run_id": "abl--seed=0", "state": "preempted", "auto_resume": True, "attempt": 2, "other_runs": [
         {"run_id": "abl--seed=2", "state": "preempted", "auto_resume": True, "attempt": 1},
         {"run_id": "abl--seed=4", "state": "preempted", "auto_resume": True, "attempt": 1, "attention": [{"id": "x"}]},
         {"run_id": "abl--seed=6", "state": "failed", "auto_resume": True, "attempt": 1},
         {"run_id": "abl--seed=8", "state": "preempted", "auto_resume": False, "attempt": 1}]}
-    assert status.resume_key("a", doc, True) == ("a", (("abl--seed=0", 2), ("abl--seed=2", 1)))
-    assert status.resume_key("a", doc, False) == ("a", 2)  # a single run: only its own run
-    # the primary runs on; one other cell was preempted: only a sweep host resumes it
+    assert status.resume_key("a", doc) == ("a", (("abl--seed=0", 2), ("abl--seed=2", 1)))
+    # the host's first run goes on; another run on it was preempted: it is resumed all the same (by run)
     running = dict(doc, state="running")
-    assert status.resume_key("a", running, True) == ("a", (("abl--seed=2", 1),))
-    assert status.resume_key("a", running, False) is None
-    # a later preemption of the same cell is a new key (resumed once per attempt)
+    assert status.resume_key("a", running) == ("a", (("abl--seed=2", 1),))
+    # a later preemption of the same run is a new key (resumed once per attempt)
     later = dict(running, other_runs=[dict(doc["other_runs"][0], attempt=2)])
-    assert status.resume_key("a", later, True) == ("a", (("abl--seed=2", 2),))
-    assert status.resume_key("a", {"state": "finished", "other_runs": []}, True) is None
+    assert status.resume_key("a", later) == ("a", (("abl--seed=2", 2),))
+    assert status.resume_key("a", {"state": "finished", "other_runs": []}) is None
+
+
+def test_a_cell_no_queue_started_is_due_whatever_auto_resume_says_and_a_single_run_never_started_is_not():
+    doc = {"run_id": "solo", "state": "not_started", "auto_resume": False, "other_runs": [
+        {"run_id": "abl--seed=1", "state": "not_started", "sweep": "abl", "queue_alive": False},
+        {"run_id": "abl--seed=3", "state": "not_started"},   # its job.json was never written: known from the ledger
+        {"run_id": "abl--seed=5", "state": "dead", "sweep": "abl"},
+        {"run_id": "abl--seed=7", "state": "queued", "sweep": "abl", "queue_alive": True}]}
+    assert [r["run_id"] for r in status.due_runs(doc, {"abl--seed=3"})] == ["abl--seed=1", "abl--seed=3"]
+    assert status.resume_key("a", doc) == ("a", (("abl--seed=1", None),))
+
+
+# ---------------------------------------------------------------- a host's runs: every single run and every cell
+
+def launched(ledger, host_name, run_id, at, instance="i-1", project="proj", sweep=None):
+    """A run as the ledger remembers it after a launch, launched at `at` (ISO time)."""
+    from rgt import memory
+
+    entry = memory.record_launch(ledger, host_name, instance, project, {"name": run_id, "command": "true"},
+                                 {"action": "launch", "attempt": 1, "state": "running"}, sweep=sweep)
+    doc = json.loads((ledger / "runs" / f"{host_name}.json").read_text())
+    doc["runs"][f"{project}/{run_id}"]["launched_at"] = at
+    (ledger / "runs" / f"{host_name}.json").write_text(json.dumps(doc))
+    return entry
+
+
+def boxes(*names, instance="i-1"):
+    return [host(n, rgt_instance_id=instance) for n in names]
+
+
+def recorded_sweep(ledger, created_at="2026-01-02T00:00:00+00:00"):
+    (item,) = sweeps.plan([host("a", job()), host("b", job())], ledger)
+    item["roster"]["created_at"] = created_at
+    sweeps.record(ledger, item)
+    return item
+
+
+def test_a_hosts_runs_are_every_remembered_run_and_every_cell_placed_on_it_newest_first(tmp_path):
+    from rgt import memory
+
+    ledger = tmp_path
+    launched(ledger, "a", "early", "2026-01-01T00:00:00+00:00")
+    recorded_sweep(ledger)  # cells 0 and 2 on a; never launched, the roster is from Jan 2
+    launched(ledger, "a", "later", "2026-01-03T00:00:00+00:00")
+    launched(ledger, "a", "gone", "2026-01-04T00:00:00+00:00", instance="i-old")  # a box this host no longer is
+    launched(ledger, "a", "other", "2026-01-05T00:00:00+00:00", project="elsewhere")
+    (a,) = boxes("a")
+    runs = memory.host_runs(ledger, a)
+    assert [(r["run_id"], r["sweep"]) for r in runs] == [("later", None), ("abl--seed=0", "abl"),
+                                                         ("abl--seed=2", "abl"), ("early", None)]
+    assert runs[1]["job"]["command"] == "python train.py --seed 0" and "sweep" not in runs[1]["job"]
+    assert memory.units(runs) == [("run", "later"), ("sweep", "abl"), ("run", "early")]
+
+    # a look: the host acts on every one of them; its own job spec (or one given with -e) narrows it to that job
+    (a,) = boxes("a")
+    (own,) = [host("b", {"name": "mine", "command": "true"}, rgt_instance_id="i-1")]
+    assert memory.recall(ledger, [a, own]) == [a]
+    assert a.vars["rgt_job"]["name"] == "later" and a.other_runs == ["abl--seed=0", "abl--seed=2", "early"]
+    assert a.recalled["remembered"] is True and a.sweep is None
+    assert own.recalled is None and own.vars["rgt_job"]["name"] == "mine"
+    assert sweeps.in_scope([a, own]) == [("proj", "abl")]
+    # a launch: one unit per host, newest by default, or the one asked for (a sweep: its job from the roster)
+    (a,) = boxes("a")
+    memory.recall(ledger, [a], launching=True)
+    assert a.vars["rgt_job"]["name"] == "later" and a.recalled == {"job": a.vars["rgt_job"]}
+    (a,) = boxes("a")
+    memory.recall(ledger, [a], launching=True, choose=lambda runs: {"a": ("sweep", "abl")})
+    assert a.vars["rgt_job"] == job() and a.recalled["job"] == job()
+
+
+def test_the_tally_covers_the_sweeps_the_hosts_act_on_and_only_their_cells(tmp_path):
+    from rgt import memory
+
+    recorded_sweep(tmp_path)
+    seen = [{"host": "a", "run_id": "abl--seed=0", "state": "finished"},
+            {"host": "a", "run_id": "abl--seed=2", "state": "finished"}]
+    narrowed = [host("a", {"name": "solo", "command": "true"})]  # -e @solo.yml: the sweep is not looked at
+    assert sweeps.tallies(tmp_path, narrowed, seen) == []
+    (a,) = boxes("a")
+    memory.recall(tmp_path, [a])  # --limit a: b's cells were not looked at, so they are not missing
+    (t,) = sweeps.tallies(tmp_path, [a], seen)
+    assert t["done"] is True and t["total"] == 2 and sweeps.tally_line(t) == "sweep abl: 2/2 finished"
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"schema": "rgt/roster/v1", "cells": [{"id": "abl--se', b"\xff\xfe",
+                                    b'{"schema": "rgt/roster/v1", "cells": "abl--seed=0"}', b"[1, 2]"])
+def test_a_damaged_roster_is_refused_naming_the_file_and_never_replaced_by_a_guess(tmp_path, damage):
+    from rgt import memory
+
+    recorded_sweep(tmp_path)
+    path = tmp_path / "sweeps" / "proj" / "abl.json"
+    path.write_bytes(damage)
+    for call in (lambda: sweeps.plan([host("a", job()), host("b", job()), host("c", job())], tmp_path),
+                 lambda: memory.host_runs(tmp_path, boxes("a")[0]),
+                 lambda: sweeps.prepare("status", [host("a", job())], {}, tmp_path)):
+        with pytest.raises(InputError) as caught:
+            call()
+        assert str(path) in caught.value.message and "damaged" in caught.value.message
+        assert caught.value.exit_code == 2 and "move it away" in caught.value.fix
+    assert path.read_bytes() == damage
+
+
+def test_a_damaged_record_of_runs_is_refused_and_never_overwritten(tmp_path):
+    from rgt import memory
+
+    path = tmp_path / "runs" / "a.json"
+    path.parent.mkdir()
+    path.write_text('{"schema": "rgt/runs/v1", "runs": {"proj/x": {"run_id": "x"')
+    with pytest.raises(InputError) as caught:
+        memory.check_records(tmp_path, boxes("a"))
+    assert str(path) in caught.value.message and caught.value.exit_code == 2
+    assert memory.record_launch(tmp_path, "a", "i-1", "proj", {"name": "y"}, {"action": "launch"}) is None
+    assert path.read_text().endswith('"run_id": "x"')
+    path.write_text(json.dumps({"schema": "rgt/runs/v1", "runs": {"proj/x": {"run_id": "x"}}}))  # no job
+    with pytest.raises(InputError, match="has no run_id or job"):
+        memory.host_runs(tmp_path, boxes("a")[0])
+
+
+def test_a_lost_roster_keeps_each_launched_cell_where_the_ledger_or_its_box_says(tmp_path):
+    first = recorded_sweep(tmp_path)
+    placed = cells_by_host(first)
+    assert placed == {"abl--seed=0": "a", "abl--seed=1": "b", "abl--seed=2": "a", "abl--seed=3": "b"}
+    (tmp_path / "sweeps" / "proj" / "abl.json").unlink()  # lost; cell 0 was launched (remembered), cell 1 on b's box
+    launched(tmp_path, "a", "abl--seed=0", "2026-01-03T00:00:00+00:00", sweep="abl")
+    asked = []
+
+    def look(members, project, name):
+        asked.append(([h.name for h in members], project, name))
+        return {"b": {"cells": {"abl--seed=1": "b", "abl--seed=9": "b"}}}
+
+    # a new host c first in the inventory: a fresh placement would put cell 0 on c; the known cells stay put
+    hosts = [host("c", job()), host("a", job()), host("b", job())]
+    (again,) = sweeps.plan(hosts, tmp_path, look)
+    now = cells_by_host(again)
+    assert now["abl--seed=0"] == "a" and now["abl--seed=1"] == "b"
+    assert asked == [(["c", "a", "b"], "proj", "abl")]
+    # a cell known on two hosts is refused, not decided
+    with pytest.raises(InputError, match=r"abl--seed=0 \(on a and c\)"):
+        sweeps.plan(hosts, tmp_path, lambda *_: {"c": {"cells": {"abl--seed=0": "c"}}})
+
+
+def test_a_relaunch_from_the_roster_makes_the_same_cells_whatever_order_the_file_keeps_its_keys_in(tmp_path):
+    """The order of sweep.matrix is part of every cell's run id (seed first: abl--seed=1--lr=0.1): a job read back
+    from the roster, even one written with sorted keys, makes the cells the roster holds, not new ones."""
+    from rgt import memory
+
+    two = job(seeds=(1, 2))
+    two["sweep"]["matrix"] = {"seed": [1, 2], "lr": ["0.1"]}
+    (item,) = sweeps.plan([host("a", two)], tmp_path)
+    sweeps.record(tmp_path, item)
+    ids = [c["id"] for c in item["roster"]["cells"]]
+    assert ids == ["abl--seed=1--lr=0.1", "abl--seed=2--lr=0.1"]
+    path = tmp_path / "sweeps" / "proj" / "abl.json"
+    for text in (path.read_text(), json.dumps(json.loads(path.read_text()), sort_keys=True)):  # an older roster
+        path.write_text(text)
+        (a,) = boxes("a")
+        memory.recall(tmp_path, [a], launching=True, choose=lambda runs: {"a": ("sweep", "abl")})
+        (again,) = sweeps.prepare("launch_detached", [a], {}, tmp_path)
+        assert [c["id"] for c in a.overlay["rgt_sweep"]["cells"]] == ids
+        assert [c["id"] for c in again["roster"]["cells"]] == ids
+
+
+def test_watch_relaunches_by_run_one_launch_per_sweep_and_one_per_single_run(tmp_path, monkeypatch):
+    import argparse
+
+    from rgt import memory
+
+    recorded_sweep(tmp_path)
+    launched(tmp_path, "a", "r1", "2026-01-05T00:00:00+00:00")
+    launched(tmp_path, "a", "r2", "2026-01-04T00:00:00+00:00")
+    hosts = boxes("a", "b")
+    memory.recall(tmp_path, hosts)
+    plays = []
+
+    def fake_launch(args, console, ledger, choose, names):
+        plays.append((choose(hosts_runs) if choose else None, sorted(names)))
+        return 0
+
+    hosts_runs = {h.name: memory.host_runs(tmp_path, h) for h in hosts}
+    monkeypatch.setattr(status, "_launch", fake_launch)
+    due = {"a": [{"run_id": "abl--seed=0", "state": "preempted", "sweep": "abl"},
+                 {"run_id": "r1", "state": "preempted"}, {"run_id": "r2", "state": "preempted"}],
+           "b": [{"run_id": "abl--seed=3", "state": "not_started"}]}  # its sweep known from the ledger's runs
+    code = status.relaunch(argparse.Namespace(ledger=str(tmp_path)), None, ["a", "b"], ledger=tmp_path,
+                           host_objs=hosts, due=due)
+    assert code == 0
+    assert plays == [({"a": ("sweep", "abl"), "b": ("sweep", "abl")}, ["a", "b"]),  # the sweep's queue, once
+                     ({"a": ("run", "r1")}, ["a"]), ({"a": ("run", "r2")}, ["a"])]   # each single run on its own
+    # a host given a job spec relaunches that job (no chooser)
+    plays.clear()
+    own = host("c", {"name": "x", "command": "true"})
+    status.relaunch(argparse.Namespace(ledger=str(tmp_path)), None, ["c"], ledger=tmp_path, host_objs=[own],
+                    due={"c": [{"run_id": "x", "state": "preempted"}]})
+    assert plays == [(None, ["c"])]

@@ -15,8 +15,9 @@ attempt (`rgt-run retry`); a finished cell never. A slot is busy while a live ce
 started by an earlier queue keeps its slot) or while this queue's child on it has not exited. The queue starts each
 cell at most once per generation (a launch that changes queue.json bumps it), so a cell that stops is not restarted
 blindly; it writes <sweep_dir>/.rgt/queue-state.json (atomic: pending, running, generation) every poll, and exits
-when nothing runs and nothing is left to start. A stop signal (TERM, INT, HUP: a preemption) ends it without
-starting anything more; the cells get their own signal through their wrappers.
+when nothing runs and nothing is left to start (`ended: true`). A stop signal (TERM, INT, HUP: a preemption) ends it
+without starting anything more (`stopped_by: <signal>`, the cells it left pending); the cells get their own signal
+through their wrappers.
 
 Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the launch copies it there).
 """
@@ -89,6 +90,7 @@ class Queue(object):
         self.generation = None
         self.lock_handle = None
         self.stopping = None  # the stop signal received: start nothing more, leave the cells to their wrappers
+        self.pending = []  # the cells the last tick left to start
 
     def on_stop(self, signum, _frame):
         self.stopping = signum
@@ -167,6 +169,7 @@ class Queue(object):
             self.start(spec, self.paths(spec, cell), slot_index)
             views[cell] = cell_view(self.paths(spec, cell))
         pending = [c for c in spec["cells"] if c not in self.started and startable(views[c])]
+        self.pending = pending
         running = sorted(c for c, v in views.items() if v["live"])
         running += sorted(cell for cell, _proc in self.children.values() if cell not in running)
         rl.atomic_write_json(self.state_path, {"pid": os.getpid(), "generation": self.generation,
@@ -198,7 +201,12 @@ class Queue(object):
                     return 1
             time.sleep(poll_s)
         if self.stopping:  # a preemption or a stop: the cells get the same signal and record how they ended
-            self.say("queue stopped by signal %d: nothing more is started; run train again to resume" % self.stopping)
+            # the word status reads (rgt_runlayout.sweep_queue): a cell it never started is waiting, not dead
+            rl.atomic_write_json(self.state_path, {"pid": None, "generation": self.generation,
+                                                   "pending": self.pending, "running": [], "at": now_iso(),
+                                                   "stopped_by": self.stopping})
+            self.say("queue stopped by signal %d: nothing more is started; `rgt-run watch` or `rgt-run train` "
+                     "starts it again" % self.stopping)
             return 0
         rl.atomic_write_json(self.state_path, {"pid": None, "generation": self.generation, "pending": [],
                                                "running": [], "at": now_iso(), "ended": True})
