@@ -12,7 +12,7 @@ the claim itself unless the job spec names an existing one. Pure: dicts in, dict
   ``network_env`` the profile's rendered ``network.env``, ``stage`` what the run dir is staged from (below).
   Bad input raises ``K8sError(field, message, fix)``.
 - Staging (no ``kubectl exec``): ``stage`` maps the ConfigMap's files to their contents, read by the caller
-  (runner/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``job.json`` (text) and, when the
+  (runner/rgt/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``job.json`` (text) and, when the
   code is shipped (``rgt_job.code_dir``), ``code.tar.gz`` (bytes). They become the ConfigMap ``stage.yaml``, and
   the pod gets an init container ``stage`` in the user's image that runs ``rgt_k8s_stage.py <run_dir>`` with the
   claim at the durable root and the ConfigMap read-only at ``/rgt-stage``: it installs the wrapper, job.json and

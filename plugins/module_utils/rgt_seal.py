@@ -6,7 +6,7 @@ verification, teardown"): the closeout's whole logic, without Ansible.
 
 Two callers, one rule: the module rgt_closeout (over SSH, a thin AnsibleModule around `seal`) and the Kubernetes
 engine's seal pod (roles/collect/files/rgt_k8s_seal.py, run by the job's own python in the user's image with
-the claim mounted; runner/k8s_engine.seal). Python 3.6+, stdlib only.
+the claim mounted; runner/rgt/k8s_engine.seal). Python 3.6+, stdlib only.
 
 - `seal(params, check_mode=False) -> result`: params are the module's options (durable_root, project, run_id,
   host, instance_id, job_name, outputs, declared_checkpoints, attempt, force_unfinished, loader_python,

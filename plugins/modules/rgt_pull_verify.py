@@ -494,7 +494,7 @@ def main():
 def verify_pull(p):
     """Verify p["dest"] (promoting p["incoming_manifest"] first, when given), write the provenance note and the
     marker beside it: (result, None); on a failure the marker is removed: (result, message). The one copy for the
-    module and for the Kubernetes pull (runner/k8s_engine.py, which imports this file as a library)."""
+    module and for the Kubernetes pull (runner/rgt/k8s_engine.py, which imports this file as a library)."""
     dest = p["dest"].rstrip("/")
     base = os.path.dirname(dest)
     marker = os.path.join(base, "%s.PULL_VERIFIED.json" % p["host"])

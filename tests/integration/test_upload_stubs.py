@@ -1,7 +1,7 @@
 """The upload_resume role, run with ansible-playbook: on a podman stub host over real, pinned SSH (marked stubs)
 and on the controller itself (connection local).
 
-The SSH pins are passed the way runner/phases.py passes them (extra var ansible_ssh_extra_args).
+The SSH pins are passed the way runner/rgt/phases.py passes them (extra var ansible_ssh_extra_args).
 """
 
 import hashlib

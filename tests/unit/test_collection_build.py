@@ -149,7 +149,7 @@ def test_wheel_carries_the_collection_and_the_runner_schemas(dists):
     for top in ("roles", "playbooks", "plugins", "profiles", "meta", "inventories/local", "examples/tiny_train"):
         missing = {EMBEDDED + rel for rel in collection_files(top)} - names
         assert not missing, f"{top}: {sorted(missing)[:5]}"
-    for schema in (REPO / "runner" / "schemas").glob("*.json"):
+    for schema in (REPO / "runner" / "rgt" / "schemas").glob("*.json"):
         assert f"rgt/schemas/{schema.name}" in names
     assert not [n for n in names if n.startswith(EMBEDDED + "tests/") or "known_hosts" in n or ".pyc" in n]
 

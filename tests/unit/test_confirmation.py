@@ -1,4 +1,4 @@
-"""runner/confirmation.py: the variables that confirm a meter stop come from the roles themselves (their argument
+"""runner/rgt/confirmation.py: the variables that confirm a meter stop come from the roles themselves (their argument
 specs and defaults), and a playbook that carries a meter-stop role is found however it pulls the role in."""
 
 import json

@@ -1,4 +1,4 @@
-"""What status and watch say about a run that ended by a signal, and the command they name next (runner/endings.py:
+"""What status and watch say about a run that ended by a signal, and the command they name next (runner/rgt/endings.py:
 docs/job-spec.md "How a run ends")."""
 
 from __future__ import annotations

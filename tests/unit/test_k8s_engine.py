@@ -1,4 +1,4 @@
-"""The controller's Kubernetes engine (runner/k8s_engine.py): argv building, the Job/pod -> run state mapping on
+"""The controller's Kubernetes engine (runner/rgt/k8s_engine.py): argv building, the Job/pod -> run state mapping on
 literal `kubectl get -o json` documents, and apply / observe / logs / delete / collect with the REAL kubectl
 against the project's fake API server (tests/fakes/k8s_api.py). kubectl itself is never mocked. Without its
 podman kubelet the fake serves no `kubectl exec`: there, collect's tar stream comes from a local stand-in that runs

@@ -1,5 +1,5 @@
 """The stage of a Kubernetes run (roles/launch_detached/files/rgt_k8s_stage.py): the Job's init container, run here
-with python3 on a tmp dir standing in for the claim, from the very ConfigMap runner/k8s.py generates (its files
+with python3 on a tmp dir standing in for the claim, from the very ConfigMap runner/rgt/k8s.py generates (its files
 written out as the kubelet mounts them). It installs the wrapper, rgt_runlayout and job.json, extracts the code into
 code-<hash8> (the upload's hash rule) once, changes nothing on a second run (a new pod after an eviction), and
 refuses a hostile tarball (absolute name, '..', symlink, hard link, device) with one line and nothing extracted.

@@ -1,4 +1,4 @@
-"""The Kubernetes manifests of a run (plugins/module_utils/rgt_k8s.py, runner/k8s.py), checked offline only: the
+"""The Kubernetes manifests of a run (plugins/module_utils/rgt_k8s.py, runner/rgt/k8s.py), checked offline only: the
 generated Job, its staging ConfigMap and PersistentVolumeClaim pass `kubernetes-validate --strict` (the kept
 validator package, the Kubernetes OpenAPI schema of the stated version) and rgt's own rules; each rule refuses its
 bad case; a broken field that only the schema knows about is caught by the validator and named as a job-spec field
@@ -52,7 +52,7 @@ def run_paths(run_id="run.1", project="proj"):
     return rgt_runlayout.RunPaths("/checkpoints", project, run_id)
 
 
-# what the runner stages (rgt_k8s is pure: the contents come in); the real ones are runner/k8s.stage_for's
+# what the runner stages (rgt_k8s is pure: the contents come in); the real ones are runner/rgt/k8s.stage_for's
 STAGE = {"rgt_k8s_stage.py": "# stage\n", "wrapper.py": "# wrapper\n", "rgt_runlayout.py": "# layout\n",
          "job.json": "{}\n", "code.tar.gz": b"\x1f\x8b tarball"}
 

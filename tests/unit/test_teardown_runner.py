@@ -1,4 +1,4 @@
-"""runner/teardown.py: the plan shown before the prompt, one teardown per instance, and who gets confirmed (no
+"""runner/rgt/teardown.py: the plan shown before the prompt, one teardown per instance, and who gets confirmed (no
 playbook, no network: the box listing is given as the read-only play would bring it back)."""
 
 import io

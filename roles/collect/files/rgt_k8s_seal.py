@@ -3,7 +3,7 @@
 # Copyright: rgt contributors
 # SPDX-License-Identifier: Apache-2.0
 """Seal a finished run on a Kubernetes claim: the closeout (module_utils/rgt_seal) without Ansible, run by the
-job's own python in the job's image inside the seal pod (runner/k8s_engine.seal), the claim mounted at the
+job's own python in the job's image inside the seal pod (runner/rgt/k8s_engine.seal), the claim mounted at the
 durable root.
 
     python rgt_k8s_seal.py PARAMS.json        (or the params as JSON text in $RGT_SEAL_PARAMS)

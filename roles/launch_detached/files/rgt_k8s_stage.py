@@ -2,7 +2,7 @@
 
 Usage: <python> /rgt-stage/rgt_k8s_stage.py <run_dir>
 
-The run's ConfigMap (plugins/module_utils/rgt_k8s.py, built by runner/k8s.py) is mounted read-only next to this
+The run's ConfigMap (plugins/module_utils/rgt_k8s.py, built by runner/rgt/k8s.py) is mounted read-only next to this
 file, and the durable claim at the durable root. This script makes <run_dir> what the launch module makes on a box
 (docs/internals.md "Run spine") before the wrapper starts in the main container:
 

@@ -3,7 +3,7 @@
 The loader and validator live in `plugins/module_utils/rgt_profiles.py`, shared with the Ansible lookup
 `rgt.remote_gpu.profile`, so the runner and the roles accept exactly the same files. The runner loads that
 file by path: `rgt` is installed in editable mode from the repo, so the collection sits next to this
-package (`<repo>/runner/profiles.py` -> `<repo>/plugins/module_utils/rgt_profiles.py`) and no
+package (`<repo>/runner/rgt/profiles.py` -> `<repo>/plugins/module_utils/rgt_profiles.py`) and no
 `ansible_collections` import path is needed.
 """
 

@@ -1,7 +1,7 @@
 """Notifications from `watch`: one message per state transition per run, deduplicated through the ledger.
 
 Rules come from the job spec (`rgt_job.notify`), else the inventory host's `rgt_notify` (schemas:
-runner/schemas/job.schema.json `notify`; an unquoted `on:` key, which YAML 1.1 reads as true, is read as `on`:
+runner/rgt/schemas/job.schema.json `notify`; an unquoted `on:` key, which YAML 1.1 reads as true, is read as `on`:
 rgt.jobspec.notify_rule). Each rule is a Slack-compatible webhook (`webhook_env`: the NAME of an environment
 variable holding the URL, a secret never printed, logged or written) or a local `command` (run with bash, the
 message in RGT_NOTIFY_* variables and as JSON on stdin), and the events it wants (`on`): job states, `attention`,

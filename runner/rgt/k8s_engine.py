@@ -1,4 +1,4 @@
-"""The controller's Kubernetes engine for one run: apply its manifests (runner/k8s.py made and validated them),
+"""The controller's Kubernetes engine for one run: apply its manifests (runner/rgt/k8s.py made and validated them),
 observe the Job and its pods as an rgt run state, read the logs, delete the Job (the claim stays: it is the
 durable root), and collect an export off the claim through a short-lived helper pod. Every call is the real
 `kubectl`, run as a subprocess with the run's kubeconfig, context and namespace; nothing here speaks the
@@ -209,7 +209,7 @@ def _documents(manifests) -> list[dict]:
             raise InputError(f"a run's manifests are a PersistentVolumeClaim, ConfigMaps and a Job; got "
                              f"{doc.get('kind')!r} "
                              f"{(doc.get('metadata') or {}).get('name')!r}",
-                             fix="pass the manifests runner/k8s.py manifests_for generated", field="manifests")
+                             fix="pass the manifests runner/rgt/k8s.py manifests_for generated", field="manifests")
     return sorted(docs, key=lambda d: APPLY_ORDER.index(d["kind"]))
 
 

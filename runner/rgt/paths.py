@@ -26,7 +26,7 @@ EMBEDDED_COLLECTIONS = PACKAGE_DIR / "_collection"  # an installed wheel's colle
 _EMBEDDED_ROOT = EMBEDDED_COLLECTIONS / "ansible_collections" / "rgt" / "remote_gpu"
 INSTALLED = (_EMBEDDED_ROOT / "galaxy.yml").is_file()
 
-REPO_ROOT = _EMBEDDED_ROOT if INSTALLED else PACKAGE_DIR.parent  # the collection root
+REPO_ROOT = _EMBEDDED_ROOT if INSTALLED else PACKAGE_DIR.parents[1]  # the collection root (runner/rgt/ in a checkout)
 PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
 ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
 MODULE_UTILS_DIR = REPO_ROOT / "plugins" / "module_utils"
