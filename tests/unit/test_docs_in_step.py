@@ -1,15 +1,19 @@
 """Prose that restates a fact of the code is held to it: every rgt_job field of the schema is documented in
-docs/job-spec.md, every subcommand has its row in docs/cli.md, and no doc calls a built detach primitive or meter-stop
-verb "not built" (nor mentions one that is not built without saying so) against the registry
-(plugins/module_utils/rgt_registry.py)."""
+docs/job-spec.md, every subcommand has its row in docs/cli.md, docs/internals.md's map of the modules lists every
+module once, and no doc calls a built detach primitive or meter-stop verb "not built" (nor mentions one that is not
+built without saying so) against the registry (plugins/module_utils/rgt_registry.py)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import io
 import json
 import re
 import tokenize
 from pathlib import Path
+
+import pytest
 
 from rgt import cli, paths
 
@@ -136,3 +140,62 @@ def test_the_clause_splitter_keeps_a_list_after_a_colon_and_splits_sentences():
     assert ("", "registered, not built yet: `vast-onstart`.") in got
     assert ("", "Detach: built `tmux` and `sbatch`") in got
     assert ("Not built yet", "- vast-onstart relaunches on a container start") in got
+
+
+# ---------------------------------------------------------------------------------------------------- the layer map
+
+LAYER_NAMES = ("cli", "commands", "engines", "core", "module_utils")
+LAYER_FOLDERS = {"module_utils": "plugins/module_utils/"}  # every other layer: runner/rgt/
+
+
+def layer_map() -> dict[str, list[str]]:
+    """The map at the top of docs/internals.md as {layer: [module, ...]}, in the order written: its first fenced
+    block, a line naming a layer and its folder, then its modules (continued on indented lines; a '↓' line says
+    what the step down means)."""
+    doc = (REPO / "docs" / "internals.md").read_text(encoding="utf-8")
+    section = doc.split("## Map of the modules (layers)\n", 1)[1]
+    block = section.split("```\n", 2)[1]
+    found: dict[str, list[str]] = {}
+    layer = None
+    for line in block.splitlines()[1:]:  # the first line is the header
+        words = line.split()
+        if not words or words[0].startswith("↓"):
+            continue
+        if not line[0].isspace():
+            assert words[0] in LAYER_NAMES and words[0] not in found, f"not a layer, or one written twice: {line!r}"
+            layer, folder, words = words[0], words[1], words[2:]
+            assert folder == LAYER_FOLDERS.get(layer, "runner/rgt/"), f"{layer}: folder {folder}"
+            found[layer] = []
+        assert layer is not None, f"a line of the map before any layer: {line!r}"
+        found[layer].extend(words)
+    return found
+
+
+def modules_on_disk(folder: str) -> set[str]:
+    return {p.stem for p in (REPO / folder).glob("*.py") if p.stem != "__init__"}
+
+
+def test_the_layer_map_lists_every_module_once_in_the_order_of_the_layers():
+    layers = layer_map()
+    assert list(layers) == list(LAYER_NAMES)
+    listed = [m for modules in layers.values() for m in modules]
+    assert sorted(m for m in listed if listed.count(m) > 1) == [], "a module in more than one place of the map"
+    runner = {m for name, modules in layers.items() if name != "module_utils" for m in modules}
+    assert sorted(modules_on_disk("runner/rgt") - runner) == [], "runner modules missing from the map"
+    assert sorted(runner - modules_on_disk("runner/rgt")) == [], "the map names runner modules that do not exist"
+    utils = set(layers["module_utils"])
+    assert sorted(modules_on_disk("plugins/module_utils") ^ utils) == [], "module_utils and the map differ"
+    for name, modules in layers.items():
+        assert modules == sorted(modules), f"the {name} layer of the map is not in alphabetical order"
+
+
+def test_the_layer_map_is_the_table_the_import_rule_test_reads():
+    """rgt.layers.LAYERS (the import rule's table) and the map say the same; skipped until rgt.layers exists."""
+    if importlib.util.find_spec("rgt.layers") is None:
+        pytest.skip("rgt.layers is not here yet: the map is held to the files on disk alone")
+    table = importlib.import_module("rgt.layers").LAYERS
+    layers = layer_map()
+    for name, modules in table.items():
+        names = sorted(re.sub(r"^rgt\.|\.py$", "", str(m)) for m in modules)  # "rgt.status", "status.py": status
+        assert names == sorted(layers.get(name, [])), f"layer {name}: rgt.layers and the map differ"
+    assert set(layers) - {"module_utils"} <= set(table), "a layer of the map is not in rgt.layers"
