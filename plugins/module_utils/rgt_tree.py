@@ -10,7 +10,13 @@ the box (rgt_tree_verify).
   ignore files are not read). gitignore syntax: ``#`` comments, blank lines, ``!`` negation (last match wins),
   trailing ``/`` = directories only, a ``/`` at the start or in the middle anchors the pattern to the root,
   ``*``/``?``/``[...]`` never cross ``/``, ``**/`` = any number of directories, a trailing ``/**`` = everything
-  inside. As in git, a file inside an ignored directory cannot be re-included (the directory is not entered).
+  inside; ``[...]`` as git's wildmatch reads it (``!``/``^`` negates, ``]`` first is literal, ``\\`` escapes,
+  ranges, ``[:digit:]`` and the other named classes); a pattern git cannot read (an unclosed ``[``, an unknown
+  class, a trailing lone ``\\``) matches nothing. As in git, a file inside an ignored directory cannot be
+  re-included (the directory is not entered). Held to git itself by tests/unit/test_rgt_tree.py (a table run
+  through ``git ls-files --others --exclude-standard``). Not pathspec: its GitIgnoreSpec (1.1.1) answers the
+  directory question of a walk differently from git (``out/**`` + ``!out/keep``, the ``*`` / ``!*/`` whitelist)
+  and has no named classes; and this file also runs on the box, stdlib only.
 - Always ignored, whatever the rules say: ``.git`` (dir or file), ``__pycache__/``, ``.rgt/``.
 - Symlinks are never followed and never shipped; they are listed (``symlinks``) so the caller can warn.
   Other non-regular files (fifos, sockets, devices) are listed as ``special``; names that fail the one
@@ -47,6 +53,9 @@ SHEBANG = b"#!"
 CRLF_LIST_MAX = 10
 
 
+NEVER = re.compile("(?!)")  # the regex of a pattern git cannot read: it matches nothing
+
+
 class TreeError(Exception):
     pass
 
@@ -54,27 +63,76 @@ class TreeError(Exception):
 # ---------------------------------------------------------------------------------------------------- rules
 
 
+# git's named classes ([[:digit:]]) over ASCII, as git's wildmatch reads them; as regex class bodies
+POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "blank": " \\t", "cntrl": "\\x00-\\x1f\\x7f", "digit": "0-9",
+    "graph": "!-~", "lower": "a-z", "print": " -~", "punct": "!-/:-@\\[-`{-~", "space": " \\t\\n\\r\\x0b\\x0c",
+    "upper": "A-Z", "xdigit": "0-9A-Fa-f",
+}
+
+
 def _translate_class(pat, i):
-    """Translate a [...] class starting at pat[i] == '['; returns (regex, next index) or (None, i) if unclosed."""
+    """A bracket expression at pat[i] == '[' the way git's wildmatch reads it -> (regex, next index), or (None, i)
+    when git gives up on the whole pattern (the expression is never closed, names an unknown [:class:], or ends in a
+    lone backslash): such a pattern matches nothing. A ']' first is literal, '\\' escapes, 'a-z' is a range (a
+    reversed one adds nothing), '[:name:]' a named class, '!' or '^' first negates; it never matches '/'."""
     j = i + 1
-    if j < len(pat) and pat[j] in "!^":
+    negated = pat[j:j + 1] in ("!", "^")
+    if negated:
         j += 1
-    if j < len(pat) and pat[j] == "]":
+    items = []
+    prev = None  # the character before, where a range may start
+    first = True
+    while True:
+        if j >= len(pat):
+            return None, i
+        c = pat[j]
+        if c == "]" and not first:
+            break
+        first = False
+        if c == "\\":
+            j += 1
+            if j >= len(pat):
+                return None, i
+            prev = pat[j]
+            items.append(re.escape(prev))
+        elif c == "-" and prev is not None and j + 1 < len(pat) and pat[j + 1] != "]":
+            j += 1
+            end = pat[j]
+            if end == "\\":
+                j += 1
+                if j >= len(pat):
+                    return None, i
+                end = pat[j]
+            if prev <= end:
+                items.append(re.escape(prev) + "-" + re.escape(end))
+            prev = None
+        elif c == "[" and pat[j + 1:j + 2] == ":":
+            close = pat.find("]", j + 2)
+            if close < 0:
+                return None, i
+            name = pat[j + 2:close]
+            if name.endswith(":"):
+                body = POSIX_CLASSES.get(name[:-1])
+                if body is None:
+                    return None, i
+                items.append(body)
+                prev = None
+                j = close
+            else:  # not a [:name:]: a plain '['
+                prev = c
+                items.append(re.escape(c))
+        else:
+            prev = c
+            items.append(re.escape(c))
         j += 1
-    while j < len(pat) and pat[j] != "]":
-        j += 1
-    if j >= len(pat):
-        return None, i
-    body = pat[i + 1:j]
-    neg = body[:1] in ("!", "^")
-    if neg:
-        body = body[1:]
-    body = body.replace("\\", "\\\\")
-    return "[" + ("^/" if neg else "") + body + "]", j + 1
+    body = "".join(items)
+    return ("[^/" + body + "]" if negated else "(?!/)[" + body + "]"), j + 1
 
 
 def glob_to_regex(pat):
-    """gitignore glob (no leading/trailing '/') -> regex body, '/'-aware."""
+    """gitignore glob (no leading/trailing '/') -> regex body, '/'-aware; None for a pattern git cannot read (an
+    unclosed or unknown bracket expression, a trailing lone backslash), which matches nothing."""
     out = []
     i, n = 0, len(pat)
     while i < n:
@@ -100,12 +158,13 @@ def glob_to_regex(pat):
         elif c == "[":
             regex, nxt = _translate_class(pat, i)
             if regex is None:
-                out.append(re.escape(c))
-            else:
-                out.append(regex)
-                i = nxt
-                continue
-        elif c == "\\" and i + 1 < n:
+                return None
+            out.append(regex)
+            i = nxt
+            continue
+        elif c == "\\":
+            if i + 1 == n:
+                return None
             out.append(re.escape(pat[i + 1]))
             i += 2
             continue
@@ -157,6 +216,8 @@ def parse_rule(line):
     if not body:
         return None
     regex = glob_to_regex(body)
+    if regex is None:  # git cannot read it: the line stays a rule that matches nothing
+        return Rule(line, negate, dir_only, NEVER)
     if not anchored:
         regex = "(?:.*/)?" + regex
     return Rule(line, negate, dir_only, re.compile("^" + regex + "$", re.DOTALL))

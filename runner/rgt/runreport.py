@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
+import functools
 import io
 import json
 import sys
@@ -474,15 +474,29 @@ PLOTS = (("steps", _plot(steps_figure), "Loss and metrics over steps",
 
 # ---------------------------------------------------------------- HTML
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:60em;color:#212121}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}th{background:#f5f5f5}
-td.n{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%;display:block;margin:.6em 0}
-.note{color:#616161;font-size:.9em}.bad{color:#c62828}.ok{color:#2e7d32}"""
+# The page's HTML is in runner/rgt/templates/ (page.html.j2 the frame, report.html.j2 and sweep.html.j2 the pages,
+# parts.html.j2 a macro per part of a run's page). This file decides and formats every value shown ("-" for none);
+# the templates only lay them out, autoescaped.
+@functools.cache
+def _env():
+    """The templates' Jinja2 environment, made once. jinja2 is imported here, not at the top: its import costs about
+    30 ms of CPU (time.process_time around it, after this module), and `rgt-run status` imports this module (through
+    rgt.notify) without making a page."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("rgt", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True)
 
 
-def _e(value) -> str:
-    return html.escape("-" if value is None else str(value))
+def _part(name: str, *args) -> str:
+    """One macro of parts.html.j2, rendered (Markup: inserted as it is into the page, never escaped twice)."""
+    return getattr(_env().get_template("parts.html.j2").module, name)(*args)
+
+
+def _d(value) -> str:
+    """A value as the page shows it: "-" for none."""
+    return "-" if value is None else str(value)
 
 
 def _when(ts: float | None) -> str:
@@ -497,9 +511,8 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _row(key: str, label: str, value: str, note: str = "") -> str:
-    extra = f' <span class="note">{_e(note)}</span>' if note else ""
-    return f'<tr><th>{_e(label)}</th><td class="n" data-k="{key}">{_e(value)}</td><td>{extra}</td></tr>'
+def _row(key: str, label: str, value, note: str = "") -> dict:
+    return {"key": key, "label": label, "value": _d(value), "note": note}
 
 
 CLOCK_NOTE_S = 60  # the figures table names a box clock this far from this machine's
@@ -534,42 +547,32 @@ def figures_table(f: dict) -> str:
         rows.append(_row("clock_offset_h", "box clock", f"{-offset / 3600:+.2f} h",
                          f"{'behind' if offset > 0 else 'ahead of'} this machine's: every duration above is measured "
                          "on one clock (the box's records against each other, this machine's against its own)"))
-    return "<table>" + "".join(rows) + "</table>"
+    return _part("figures_table", rows)
 
 
 def attempts_table(f: dict) -> str:
-    head = ("<tr><th>attempt</th><th>start (UTC)</th><th>end (UTC)</th><th>reason</th><th>exit</th>"
-            "<th>resumed from step</th><th>last step</th><th>wall min</th><th>steps/s</th><th>recomputed steps</th>"
-            "<th>lost min</th><th>cost</th></tr>")
-    body = []
+    rows = []
     for r in f["attempts"]:
         exit_text = "-" if r["rc"] is None and r["signal"] is None else f"rc {r['rc']}" + (
             f" signal {r['signal']}" if r["signal"] else "")
-        body.append(
-            f'<tr data-attempt="{r["attempt"]}"><td class="n">{r["attempt"]}</td><td>{_short(r["started_at"])}</td>'
-            f"<td>{'running' if r['running'] else _short(r['ended_at'])}</td>"
-            f'<td data-k="reason">{_e(r["reason"])}</td><td>{_e(exit_text)}</td>'
-            f'<td class="n" data-k="resumed_from_step">{_e(r["resumed_from_step"])}</td>'
-            f'<td class="n" data-k="last_step">{_e(r["last_step"])}</td>'
-            f'<td class="n" data-k="attempt_wall_min">{_fmt(r["wall_s"] and r["wall_s"] / 60, ".2f")}</td>'
-            f'<td class="n">{_fmt(r["steps_per_s"], ".3f")}</td>'
-            f'<td class="n" data-k="recomputed_steps">{_e(r["recomputed_steps"])}</td>'
-            f'<td class="n" data-k="attempt_lost_min">{_fmt(r["lost_s"] and r["lost_s"] / 60, ".2f")}</td>'
-            f'<td class="n" data-k="attempt_cost">{_fmt(r["cost"], ".4f")}</td></tr>')
-    return "<table>" + head + "".join(body) + "</table>"
+        rows.append({"attempt": r["attempt"], "start": _short(r["started_at"]),
+                     "end": "running" if r["running"] else _short(r["ended_at"]), "reason": _d(r["reason"]),
+                     "exit": exit_text, "resumed_from_step": _d(r["resumed_from_step"]),
+                     "last_step": _d(r["last_step"]), "wall_min": _fmt(r["wall_s"] and r["wall_s"] / 60, ".2f"),
+                     "steps_per_s": _fmt(r["steps_per_s"], ".3f"), "recomputed_steps": _d(r["recomputed_steps"]),
+                     "lost_min": _fmt(r["lost_s"] and r["lost_s"] / 60, ".2f"), "cost": _fmt(r["cost"], ".4f")})
+    return _part("attempts_table", rows)
 
 
 def verification_html(f: dict) -> str:
     v = f["verified"]
     if not v:
-        return '<p data-k="verification">not pulled and verified yet: <code>rgt-run pull</code></p>'
+        return _part("verification", None)
     loaded = [c for c in v.get("checkpoints") or []]
     bad = [c.get("path") for c in loaded if not c.get("ok")]
-    return (f'<p data-k="verification" class="ok">verified: <span data-k="verified_files">{_e(v.get("files"))}'
-            f'</span> files, <span data-k="verified_bytes">{_e(v.get("bytes"))}</span> bytes, SHA-256 match '
-            f"(manifest {_e(str(v.get('manifest_sha256') or '')[:16])}..., verified {_e(v.get('verified_at'))})"
-            + (f"; {len(loaded)} checkpoint(s) loaded" if loaded else "")
-            + (f'; <span class="bad">not loaded: {_e(", ".join(bad))}</span>' if bad else "") + "</p>")
+    return _part("verification", {"files": _d(v.get("files")), "bytes": _d(v.get("bytes")),
+                                  "manifest": str(v.get("manifest_sha256") or "")[:16], "at": _d(v.get("verified_at")),
+                                  "loaded": len(loaded), "bad": ", ".join(bad)})
 
 
 def logs_html(out: Path, host: str) -> str:
@@ -577,47 +580,29 @@ def logs_html(out: Path, host: str) -> str:
     the export), with the seal's word on a capped one (the local manifest's `logs` record); "" when none is here."""
     links = [name for name in ("job.log", "attempts.jsonl") if (out / host / "logs" / name).is_file()]
     if not links:
-        return ""
+        return _part("logs", [])
     manifest = read_json(out / f"{host}.manifest.json")
     logs = manifest.get("logs") if isinstance(manifest, dict) else None
     records = (logs.get("files") or []) if isinstance(logs, dict) else []
     said = {r.get("path"): r.get("reason") for r in records if isinstance(r, dict) and r.get("reason")}
-    items = "".join(f'<li><a data-k="log" href="{_e(host)}/logs/{name}">{_e(host)}/logs/{name}</a>'
-                    + (f' <span class="note">({_e(said[f"logs/{name}"])})</span>' if f"logs/{name}" in said else "")
-                    + "</li>" for name in links)
-    return f"<h3>Logs</h3><ul>{items}</ul>"
+    return _part("logs", [{"path": f"{_d(host)}/logs/{name}", "said": said.get(f"logs/{name}")} for name in links])
 
 
 def host_section(doc: dict, facts: dict, images: dict[str, bytes], names: dict[str, str], logs: str = "") -> str:
-    parts = [f'<section data-host="{_e(doc.get("host"))}"><h2>{_e(doc.get("host"))}</h2>']
-    if doc.get("_source"):
-        parts.append(f'<p class="note">{_e(doc["_source"])}</p>')
-    parts.append(figures_table(facts))
-    log_error = facts.get("log_error") or {}
-    if log_error.get("line"):
-        parts.append(f'<p class="bad">last error in the log: <code>{_e(log_error["line"])}</code></p>')
-    parts.append("<h3>Attempts</h3>" + attempts_table(facts))
-    for key, _draw, title, missing in PLOTS:
-        if key in images:
-            data = base64.b64encode(images[key]).decode()
-            parts.append(f'<h3>{title}</h3><img alt="{_e(title)}" data-plot="{key}" title="{_e(names[key])}" '
-                         f'src="data:image/png;base64,{data}">')
-        else:
-            parts.append(f'<p class="note">{_e(missing)}</p>')
-    parts.extend(f'<p class="note">{_e(note)}</p>' for note in plot_notes(doc))
+    plots = [{"key": key, "title": title, "missing": missing, "name": names.get(key),
+              "data": base64.b64encode(images[key]).decode() if key in images else None}
+             for key, _draw, title, missing in PLOTS]
     truncated = ((doc.get("history") or {}).get("loss") or {}).get("truncated")
-    if truncated:
-        parts.append('<p class="note">the loss curve covers the newest part of a long log (history_kb)</p>')
-    parts.append("<h3>Verification</h3>" + verification_html(facts) + logs + "</section>")
-    return "".join(parts)
+    return _part("host_section", {
+        "host": _d(doc.get("host")), "source": doc.get("_source"), "figures": figures_table(facts),
+        "log_error": (facts.get("log_error") or {}).get("line"), "attempts": attempts_table(facts), "plots": plots,
+        "notes": plot_notes(doc), "truncated": bool(truncated), "verification": verification_html(facts),
+        "logs": logs})
 
 
 def page(run_id: str, sections: list[str], line: str, generated: float) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>rgt report: {_e(run_id)}</title>'
-            f"<style>{CSS}</style></head><body><h1>rgt report: {_e(run_id)}</h1>"
-            f'<p data-k="glance">{_e(line)}</p><p class="note">written {_when(generated)} by rgt-run report; '
-            "figures are computed from the box's attempts.jsonl, job.log and gpu.csv (docs/report.md)</p>"
-            + "".join(sections) + "</body></html>\n")
+    return _env().get_template("report.html.j2").render(title=run_id, glance=line, written=_when(generated),
+                                                          sections=sections)
 
 
 # ---------------------------------------------------------------- a sweep: one page for all its cells
@@ -703,42 +688,25 @@ def sweep_loss_figure(rows: list[dict], docs: dict[str, dict], title: str):
     return fig
 
 
-def _pull_cell(v: dict | None) -> str:
-    if not v:
-        return '<td data-k="verified">not verified</td>'
-    return f'<td data-k="verified" class="ok">verified ({_e(v.get("files"))} files)</td>'
-
-
-def sweep_table(s: dict) -> str:
-    head = ("<tr><th>cell</th><th>host</th><th>params</th><th>state</th><th>attempts</th><th>final loss</th>"
-            "<th>wall min</th><th>cost</th><th>pull</th></tr>")
-    body = []
+def sweep_rows(s: dict) -> list[dict]:
+    """The sweep table's rows as the page shows them."""
+    rows = []
     for r in s["rows"]:
         state = r["state"] if r["run_state"] in (None, r["state"]) else f"{r['state']} ({r['run_state']})"
-        bad = ' class="bad"' if r["state"] in ("missing", "failed", "duplicate", "unreachable") else ""
-        body.append(
-            f'<tr data-cell="{_e(r["cell"])}"><td data-k="cell">{_e(r["cell"])}</td>'
-            f'<td data-k="host">{_e(r["host"])}</td><td data-k="params">{_e(r["label"])}</td>'
-            f'<td data-k="state"{bad}>{_e(state)}</td><td class="n" data-k="attempts">{_e(r["attempts"])}</td>'
-            f'<td class="n" data-k="final_loss">{_e(r["final_loss"])}</td>'
-            f'<td class="n" data-k="wall_min">{_fmt(r["wall_s"] and r["wall_s"] / 60, ".2f")}</td>'
-            f'<td class="n" data-k="cost">{_fmt(r["cost"], ".4f")}</td>{_pull_cell(r["verified"])}</tr>')
-    return "<table>" + head + "".join(body) + "</table>"
+        v = r["verified"]
+        rows.append({"cell": r["cell"], "host": _d(r["host"]), "label": _d(r["label"]), "state": _d(state),
+                     "bad": r["state"] in ("missing", "failed", "duplicate", "unreachable"),
+                     "attempts": _d(r["attempts"]), "final_loss": _d(r["final_loss"]),
+                     "wall_min": _fmt(r["wall_s"] and r["wall_s"] / 60, ".2f"), "cost": _fmt(r["cost"], ".4f"),
+                     "pulled": bool(v), "verified_files": _d(v.get("files")) if v else None, "source": r["source"]})
+    return rows
 
 
 def sweep_page(s: dict, image: bytes | None, image_name: str, generated: float, no_loss: list[str]) -> str:
-    parts = [sweep_table(s)]
-    for r in s["rows"]:
-        if r["source"]:
-            parts.append(f'<p class="note">{_e(r["cell"])}: {_e(r["source"])}</p>')
-    if image:
-        data = base64.b64encode(image).decode()
-        parts.append(f'<h2>Loss over steps, every cell</h2><img alt="loss of every cell" data-plot="sweep-loss" '
-                     f'title="{_e(image_name)}" src="data:image/png;base64,{data}">')
-    if no_loss:
-        parts.append(f'<p class="note" data-k="no_loss">no loss lines in the log of: {_e(", ".join(no_loss))} '
-                     "(rgt_job.log_patterns sets the patterns)</p>")
-    return page(f"sweep {s['sweep']}", parts, s["glance"], generated)
+    return _env().get_template("sweep.html.j2").render(
+        title=f"sweep {s['sweep']}", glance=s["glance"], written=_when(generated), rows=sweep_rows(s),
+        image=base64.b64encode(image).decode() if image else None, image_name=image_name,
+        no_loss=", ".join(no_loss))
 
 
 # ---------------------------------------------------------------- gathering and writing

@@ -151,13 +151,15 @@ def test_wheel_carries_the_collection_and_the_runner_schemas(dists):
         assert not missing, f"{top}: {sorted(missing)[:5]}"
     for schema in (REPO / "runner" / "rgt" / "schemas").glob("*.json"):
         assert f"rgt/schemas/{schema.name}" in names
+    templates = sorted((REPO / "runner" / "rgt" / "templates").glob("*.j2"))
+    assert templates and all(f"rgt/templates/{t.name}" in names for t in templates), "the report's templates"
     assert not [n for n in names if n.startswith(EMBEDDED + "tests/") or "known_hosts" in n or ".pyc" in n]
 
 
 def test_sdist_carries_what_builds_the_wheel(dists):
     names = dists["sdist"]
     for rel in ("setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "galaxy.yml", "ansible.cfg",
-                *collection_files("roles", "playbooks", "plugins", "profiles", "meta")):
+                *collection_files("roles", "playbooks", "plugins", "profiles", "meta", "runner/rgt/templates")):
         assert rel in names, rel
     assert not [n for n in names if n.split("/", 1)[0] in ("tests", "molecule", "scripts", "bench", ".ci")]
 

@@ -169,6 +169,32 @@ def test_the_page_links_the_pulled_logs_with_the_seals_word_on_a_capped_one(tmp_
     assert "it is capped at 1.0 MiB (collect_log_max_mb)" in page
 
 
+BOX_TEXT = "<b>x</b> & 'q' \"dq\""  # text a box sends, which must show as text: escaped once, never markup
+
+
+def test_box_text_on_the_page_is_shown_as_text_escaped_once(tmp_path):
+    import html
+    import json
+
+    doc = {**preempted_doc(), "host": "box", "_source": BOX_TEXT}
+    facts = runreport.run_facts(doc, now=T0 + 3600)
+    facts["log_error"] = {"line": BOX_TEXT}
+    facts["verified"] = {"files": 3, "bytes": 9, "manifest_sha256": "ab" * 32, "verified_at": BOX_TEXT,
+                         "checkpoints": [{"path": BOX_TEXT, "ok": False}]}
+    out = tmp_path / "runs" / "exp1"
+    (out / "box" / "logs").mkdir(parents=True)
+    (out / "box" / "logs" / "job.log").write_text("x\n")
+    (out / "box.manifest.json").write_text(json.dumps({"logs": {"files": [{"path": "logs/job.log",
+                                                                          "reason": BOX_TEXT}]}}))
+    page = runreport.page(BOX_TEXT, [runreport.host_section(doc, facts, {}, {}, runreport.logs_html(out, "box"))],
+                          BOX_TEXT, T0)
+    assert "<b>" not in page and "&amp;lt;" not in page and "&amp;amp;" not in page
+    # once unescaped, as the browser shows it: the title twice, the glance, the source note, the error line,
+    # verified at, the checkpoint, the log's reason
+    assert html.unescape(page).count(BOX_TEXT) == 8
+    assert html.unescape(re.search(r'<p data-k="glance">([^<]*)</p>', page).group(1)) == BOX_TEXT
+
+
 # ---------------------------------------------------------------- the plots: one story
 
 def metrics_doc():

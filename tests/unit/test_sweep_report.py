@@ -145,6 +145,18 @@ def test_the_sweep_page_is_one_self_contained_file_with_its_table_plot_and_line(
     assert not (tmp_path / "runs" / C).exists()
 
 
+def test_box_text_on_the_sweep_page_is_shown_as_text_escaped_once():
+    box_text = "<b>x</b> & 'q' \"dq\""  # a cell's source note and no-loss name, as a box could make them
+    s = runreport.sweep_facts(roster(), [finished_doc("a", A, 5.0)], now=T0 + 600)
+    s["rows"][0]["source"] = box_text
+    page = runreport.sweep_page(s, None, "report-loss.png", T0, [box_text])
+    assert "<b>" not in page and "&amp;lt;" not in page and "&amp;amp;" not in page
+    assert html.unescape(page).count(box_text) == 2
+    assert shown(page, "no_loss") == [f"no loss lines in the log of: {box_text} (rgt_job.log_patterns sets the "
+                                      "patterns)"]
+    assert shown(page, "cell") == [A, B, C]
+
+
 def test_the_sweep_page_opens_in_a_real_browser_with_its_plot_loaded(tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
