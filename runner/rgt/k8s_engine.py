@@ -23,7 +23,7 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   pod and ConfigMap deleted in every case.
 - `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
   off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
-  (plugins/modules/rgt_pull_verify, imported) into the same local layout: `<runs>/<run_id>/<host>/`,
+  (module_utils/rgt_pullverify, the module rgt_pull_verify's) into the same local layout: `<runs>/<run_id>/<host>/`,
   `<host>.manifest.json`, `<host>.PROVENANCE.md`, `<host>.PULL_VERIFIED.json`.
 """
 
@@ -32,13 +32,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.util
 import json
 import os
 import posixpath
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -732,26 +730,14 @@ def seal(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, pa
 # ---------------------------------------------------------------- pull
 
 def _pull_verify():
-    """plugins/modules/rgt_pull_verify.py, the SSH pull's controller-side verification and marker, imported as a
-    library (its functions are plain; the module's own main() is never called), so both pulls verify, write
-    PROVENANCE.md and PULL_VERIFIED.json, and build their report with one copy of the code."""
-    name = "ansible_collections.rgt.remote_gpu.plugins.modules.rgt_pull_verify"
-    if name not in sys.modules:
-        paths.module_util("rgt_manifest")  # its module_utils resolve through rgt.paths
-        spec = importlib.util.spec_from_file_location(name, paths.REPO_ROOT / "plugins" / "modules"
-                                                      / "rgt_pull_verify.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    """module_utils/rgt_pullverify, the SSH pull's controller-side verification and marker (the module
+    rgt_pull_verify is its Ansible face), so both pulls verify, write PROVENANCE.md and PULL_VERIFIED.json, and
+    build their report with one copy of the code."""
+    return paths.module_util("rgt_pullverify")
 
 
 def _verify(pv, p: dict, result: dict) -> None:
-    """rgt_pull_verify.verify_pull (the module's own verification, marker and provenance) into `result`; a
+    """rgt_pullverify.verify_pull (the SSH pull's verification, marker and provenance) into `result`; a
     failure's message as result["msg"]."""
     done, msg = pv.verify_pull(p)
     result.update(done)
@@ -783,10 +769,10 @@ def pull(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, pa
          ready_timeout_s: int = READY_TIMEOUT_S, poll_s: float = POLL_S, verify_only: bool = False) -> dict:
     """`rgt-run pull` for a kubernetes host: seal the run on the claim (seal), copy export/<run_id>/ and its
     manifest off the claim through a helper pod (one tar stream of both), then verify here exactly as the SSH pull
-    does (plugins/modules/rgt_pull_verify: the manifest promoted to `<runs>/<run_id>/<host>.manifest.json`, the
+    does (module_utils/rgt_pullverify: the manifest promoted to `<runs>/<run_id>/<host>.manifest.json`, the
     capsule at `<runs>/<run_id>/<host>/`, `<host>.PROVENANCE.md` and `<host>.PULL_VERIFIED.json` beside it,
     atomic). A local copy that already verifies against the sealed manifest is not copied again
-    (state already_verified). Returns the collect role's report (rgt_pull_verify.build_report: host, run_id,
+    (state already_verified). Returns the collect role's report (rgt_pullverify.build_report: host, run_id,
     verified, files, bytes, dest, marker, missing ... error) plus state (verified | already_verified |
     seal_failed | not_verified | failed | unreachable), exit_code (rgt.errors), fix, seal_pod and helper_pod.
     verify_only re-verifies the local copy and touches no cluster (`rgt-run pull --verify-only`, the teardown
