@@ -18,9 +18,9 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   extraction (no absolute names, no '..', no links or devices), the helper deleted in every case. Verifying the
   bytes against the run's manifest is the pull's job.
 - `seal(kc, claim, image, python, durable_root, params)`: rgt_closeout's seal (module_utils/rgt_seal) in a seal
-  pod: a ConfigMap with roles/collect/files/rgt_k8s_seal.py and the module_utils it imports (flat), a bare pod in
-  the job's image and python with the claim read-write at the durable root; its one JSON line from `kubectl logs`;
-  pod and ConfigMap deleted in every case.
+  pod: a ConfigMap with the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the module_utils
+  it imports), a bare pod in the job's image and python with the claim read-write at the durable root; its one
+  JSON line from `kubectl logs`; pod and ConfigMap deleted in every case.
 - `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
   off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
   (module_utils/rgt_pullverify, the module rgt_pull_verify's) into the same local layout: `<runs>/<run_id>/<host>/`,
@@ -47,7 +47,7 @@ from typing import IO
 
 import yaml
 
-from rgt import paths
+from rgt import bundle, paths
 from rgt.errors import FAILED, OK, UNREACHABLE, InputError, RgtError
 
 KUBECTL_ENV = "RGT_KUBECTL"
@@ -595,16 +595,11 @@ class SealFailed(RgtError):
         self.result = result
 
 
-def _seal_lib():
-    return paths.module_util("rgt_seal")
-
-
 def seal_files(params: dict) -> dict[str, str]:
-    """The seal ConfigMap's data: the entry script (roles/collect/files/rgt_k8s_seal.py), the module_utils it
-    imports, flat (rgt_seal.FLAT_MODULE_UTILS), and the params as params.json (names and paths, no secret)."""
-    data = {SEAL_SCRIPT: (paths.REPO_ROOT / "roles" / "collect" / "files" / SEAL_SCRIPT).read_text(encoding="utf-8")}
-    for name in _seal_lib().FLAT_MODULE_UTILS:
-        data[f"{name}.py"] = (paths.MODULE_UTILS_DIR / f"{name}.py").read_text(encoding="utf-8")
+    """The seal ConfigMap's data: the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the
+    module_utils it imports, the checkpoint loader among them) and the params as params.json (names and paths, no
+    secret)."""
+    data = dict(bundle.flat("k8s_seal").files)
     data[SEAL_PARAMS] = json.dumps(params, sort_keys=True)
     return data
 
