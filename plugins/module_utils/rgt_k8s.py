@@ -11,12 +11,13 @@ the claim itself unless the job spec names an existing one. Pure: dicts in, dict
   ``paths`` the run's ``rgt_runlayout.RunPaths`` (durable root, project, run id, run dir, wrapper path),
   ``network_env`` the profile's rendered ``network.env``, ``stage`` what the run dir is staged from (below).
   Bad input raises ``K8sError(field, message, fix)``.
-- Staging (no ``kubectl exec``): ``stage`` maps the ConfigMap's files to their contents, read by the caller
-  (runner/rgt/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``job.json`` (text) and, when the
+- Staging (no ``kubectl exec``): ``stage`` maps the ConfigMap's files to their contents, gathered by the caller
+  (runner/rgt/k8s.py): text files (``rgt_k8s_stage.py`` and ``job.json`` at least; the runner adds the flat
+  bundles of the stage and of the wrapper, module_utils/rgt_bundle, and the wrapper bundle's listing) and, when the
   code is shipped (``rgt_job.code_dir``), ``code.tar.gz`` (bytes). They become the ConfigMap ``stage.yaml``, and
   the pod gets an init container ``stage`` in the user's image that runs ``rgt_k8s_stage.py <run_dir>`` with the
   claim at the durable root and the ConfigMap read-only at ``/rgt-stage``: it installs the wrapper, job.json and
-  ``code-<hash8>/`` on the claim at every pod start (roles/launch_detached/files/rgt_k8s_stage.py). Without
+  ``code-<hash8>/`` on the claim at every pod start (plugins/module_utils/rgt_k8s_stage.py). Without
   ``stage`` the Job expects a run dir staged otherwise. ``code_dir(job, paths, hash8)`` is the code dir job.json
   names: ``code-<hash8>`` of the shipped code, else ``rgt_job.k8s.workdir`` (the code in the image).
 - ``check(manifests, job, profile, paths)``: the rules the OpenAPI schema cannot say (kubernetes-validate checks
@@ -67,7 +68,7 @@ STAGE_CONTAINER = "stage"  # the init container that stages the run dir on the c
 STAGE_VOLUME = "rgt-stage"
 STAGE_MOUNT = "/rgt-stage"  # where the ConfigMap is mounted read-only in the stage container
 STAGE_SCRIPT = "rgt_k8s_stage.py"
-STAGE_TEXT_FILES = (STAGE_SCRIPT, "wrapper.py", "rgt_runlayout.py", "job.json")  # the ConfigMap's data
+STAGE_REQUIRED = (STAGE_SCRIPT, "job.json")  # text files a stage cannot do without (every text file is data)
 STAGE_CODE = "code.tar.gz"  # its binaryData, when the code is shipped
 LABEL_PROJECT = "rgt/project"
 LABEL_RUN_ID = "rgt/run-id"
@@ -243,10 +244,10 @@ def stage_config_map(paths, stage, namespace, labels, annotations, recorded=()):
     (base64, as the API wants it), and each of `recorded` [(file, manifest)] as `k8s.<file>` (deterministic JSON,
     which is YAML too), which the stage writes to <run_dir>/.rgt/k8s/<file>: the run keeps the manifests it was
     applied from."""
-    missing = [name for name in STAGE_TEXT_FILES if not isinstance(stage.get(name), str)]
+    missing = [name for name in STAGE_REQUIRED if not isinstance(stage.get(name), str)]
     if missing:
         raise ValueError("the stage lacks %s" % ", ".join(missing))
-    data = dict((name, stage[name]) for name in STAGE_TEXT_FILES)
+    data = dict((name, text) for name, text in stage.items() if name != STAGE_CODE and isinstance(text, str))
     data.update((RECORD_PREFIX + name, dumps(doc)) for name, doc in recorded)
     doc = {"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": _metadata(stage_name(paths), namespace, labels, annotations), "data": data}

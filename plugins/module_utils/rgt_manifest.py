@@ -6,7 +6,8 @@ and the checkpoint load checks.
 
 Pure Python 3.6+ stdlib; runs on the box (rgt_closeout) and on the controller (rgt_pull_verify, the runner).
 numpy, safetensors and torch are optional: a checkpoint whose loader is not importable is reported with
-`ok: None` (no loader), never counted as a failure here.
+`ok: None` (no loader), never counted as a failure here. Run as a script (`main`) this file is the checkpoint
+loader another interpreter runs (`load_checkpoint_with`: the job's python, where those packages live).
 
 Rules:
 - a capsule holds regular files and directories only: a symlink anywhere (file or directory) is refused;
@@ -31,18 +32,13 @@ import sys
 
 SCHEMA = "rgt/manifest/v1"
 CHUNK = 1 << 20  # a header bound below counts in these
-try:  # the one name rule and the one relative-path rule (absent when this file runs alone as a checkpoint loader:
-    # load_checkpoint_with)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
-        check_name,
-        check_relpath,
-        read_blocks,
-    )
-except ImportError:  # pragma: no cover
-    try:  # flat, from one directory (the seal pod's ConfigMap: module_utils/rgt_seal)
-        from rgt_runlayout import check_name, check_relpath, read_blocks
-    except ImportError:
-        check_name = check_relpath = read_blocks = None
+# the one name rule and the one relative-path rule
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
+    check_name,
+    check_relpath,
+    read_blocks,
+)
+
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -379,34 +375,33 @@ def load_checkpoint(path, rel=None):
     return out
 
 
-def _own_source():
-    """This file's text (from disk, or from the zip an Ansible module runs from)."""
-    try:
-        loader = globals().get("__loader__")
-        if loader is not None and hasattr(loader, "get_source"):
-            text = loader.get_source(__name__)
-            if text:
-                return text
-        with open(__file__) as handle:
-            return handle.read()
-    except Exception:  # no source available: check in-process instead
-        return None
-
-
-def load_checkpoint_with(python, path, rel=None, timeout=600):
-    """load_checkpoint run by another interpreter (the job's, where numpy/torch live); falls back in-process."""
-    if not python or python == sys.executable:
+def load_checkpoint_with(python, path, rel=None, loader=None, timeout=600):
+    """load_checkpoint run by another interpreter (the job's, where numpy/torch live): `loader` is this file as a
+    script (the flat bundle `ckpt_loader` of module_utils/rgt_bundle: rgt_manifest.py and the module_utils it
+    imports, side by side), run as `<python> <loader> <path> <rel>`. In-process when `python` is this interpreter
+    or no loader is given, and when the other interpreter cannot run it (missing, crashed, no JSON line)."""
+    if not python or python == sys.executable or not loader:
         return load_checkpoint(path, rel)
-    source = _own_source()
-    if source is None:
-        return load_checkpoint(path, rel)
-    code = source + "\nprint(json.dumps(load_checkpoint(sys.argv[1], sys.argv[2])))\n"
     try:
-        proc = subprocess.run([python, "-c", code, path, rel or path], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=timeout)
+        proc = subprocess.run([python, loader, path, rel or path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout)
         lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
         if proc.returncode == 0 and lines:
             return json.loads(lines[-1])
     except (OSError, ValueError, subprocess.SubprocessError):
         pass
     return load_checkpoint(path, rel)
+
+
+def main(argv):
+    """The checkpoint loader (load_checkpoint_with): `rgt_manifest.py <path> <rel>` prints load_checkpoint's
+    result as one JSON line."""
+    if len(argv) != 3:
+        sys.stderr.write("usage: rgt_manifest.py <checkpoint path> <path in the capsule>\n")
+        return 2
+    sys.stdout.write(json.dumps(load_checkpoint(argv[1], argv[2])) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -29,12 +29,8 @@ import fnmatch
 import os
 import stat
 
-try:
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import CHUNK
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath
-except ImportError:  # flat, from one directory (the seal pod's ConfigMap: module_utils/rgt_seal)
-    from rgt_manifest import CHUNK
-    from rgt_runlayout import check_relpath
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_manifest import CHUNK
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import check_relpath
 
 GLOB_CHARS = ("*", "?", "[")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)

@@ -312,6 +312,22 @@ def install(path, data, mode):
     return True
 
 
+def install_bundle(directory, files, entry):
+    """Install a flat bundle of box-side code (module_utils/rgt_bundle: a script and the module_utils it imports,
+    side by side) into `directory`: `files` {name: text or bytes}, the entry script `entry` first (mode 0755), then
+    the others in name order (0644), each with `install` (written atomically, only when its bytes differ).
+    [(name, changed)]. ValueError, nothing written, for a name that is not a plain file name or an entry the files
+    lack. The launch's wrapper and queue, the Kubernetes stage's wrapper, the closeout's checkpoint loader."""
+    for name in files:
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name or \
+                name.startswith("."):
+            raise ValueError("%r is not a plain file name: a bundle is one directory of files" % (name,))
+    if entry not in files:
+        raise ValueError("the bundle has no entry %r (it holds %s)" % (entry, ", ".join(sorted(files)) or "nothing"))
+    return [(name, install(os.path.join(directory, name), files[name], 0o755 if name == entry else 0o644))
+            for name in [entry] + sorted(n for n in files if n != entry)]
+
+
 def atomic_write_json(path, doc, mode=0o644):
     atomic_write(path, json.dumps(doc, sort_keys=True, indent=1) + "\n", mode)
 

@@ -5,12 +5,13 @@
 verification, teardown"): the closeout's whole logic, without Ansible.
 
 Two callers, one rule: the module rgt_closeout (over SSH, a thin AnsibleModule around `seal`) and the Kubernetes
-engine's seal pod (roles/collect/files/rgt_k8s_seal.py, run by the job's own python in the user's image with
+engine's seal pod (module_utils/rgt_k8s_seal.py, run by the job's own python in the user's image with
 the claim mounted; runner/rgt/k8s_engine.seal). Python 3.6+, stdlib only.
 
 - `seal(params, check_mode=False) -> result`: params are the module's options (durable_root, project, run_id,
   host, instance_id, job_name, outputs, declared_checkpoints, attempt, force_unfinished, loader_python,
-  log_max_mb; absent optional ones take the module's defaults). The result is what the module returns (changed,
+  log_max_mb; absent optional ones take the module's defaults; and loader, the checkpoint loader's script when
+  loader_python is another interpreter). The result is what the module returns (changed,
   sealed, capsule, manifest_path, run_dir, msg, manifest_sha256, files, bytes, checkpoints, not_pulled, attempt,
   logs).
 - The run's logs go into the capsule's `logs/` (`gather_logs`): `logs/job.log` (every attempt), the wrapper's
@@ -23,8 +24,8 @@ the claim mounted; runner/rgt/k8s_engine.seal). Python 3.6+, stdlib only.
 - `SealError(msg, result)`: every refusal; `result` holds what the module returns with it (quarantine and reason
   for a quarantined candidate, exit for an unfinished run).
 
-Imports its siblings under their collection names, else flat from its own directory (the seal pod gets the
-module_utils it needs as files of one ConfigMap directory, with no Ansible).
+Imports its siblings under their collection names (module_utils/rgt_bundle: the seal pod gets it and them as the
+flat bundle `k8s_seal`, one ConfigMap directory, with no Ansible).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -39,31 +40,25 @@ import shutil
 import stat
 import time
 
-try:  # on the controller and inside an Ansible module
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_outputs as outs
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
-        RunPaths,
-        atomic_write,
-        check_relpath,
-        expand_root,
-        fsync_dir,
-        read_json,
-        read_jsonl,
-    )
-except ImportError:  # flat, from one directory (the seal pod's ConfigMap)
-    import rgt_manifest as mf
-    import rgt_outputs as outs
-    import rgt_slurm
-    from rgt_runlayout import RunPaths, atomic_write, check_relpath, expand_root, fsync_dir, read_json, read_jsonl
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_outputs as outs
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
+    RunPaths,
+    atomic_write,
+    check_relpath,
+    expand_root,
+    fsync_dir,
+    read_json,
+    read_jsonl,
+)
 
 LOG_MAX_MB = 256  # the cap of one log file in the capsule unless log_max_mb (collect_log_max_mb) says otherwise
 # the module's optional options and their defaults (rgt_closeout's argument_spec)
+# (and `loader`: the checkpoint loader script on this machine, rgt_manifest.load_checkpoint_with's; rgt_closeout
+# installs its loader_bundle for it, the seal pod has it beside its own script)
 DEFAULTS = dict(project="rgt", instance_id=None, job_name=None, outputs=(), declared_checkpoints=(), attempt=None,
-                force_unfinished=False, loader_python=None, log_max_mb=LOG_MAX_MB)
-# the module_utils a flat copy of this file needs beside it (the seal pod's ConfigMap)
-FLAT_MODULE_UTILS = ("rgt_seal", "rgt_manifest", "rgt_outputs", "rgt_runlayout", "rgt_slurm")
+                force_unfinished=False, loader_python=None, loader=None, log_max_mb=LOG_MAX_MB)
 
 
 class SealError(Exception):
@@ -556,7 +551,7 @@ def seal(params, check_mode=False):
             problems.append("nothing to export: no outputs in out/ and no declared checkpoints")
         loads = []
         for rel, full in checkpoints:
-            res = mf.load_checkpoint_with(p["loader_python"], full, rel)
+            res = mf.load_checkpoint_with(p["loader_python"], full, rel, p["loader"])
             loads.append(res)
             if res["ok"] is False:
                 problems.append("declared checkpoint %s does not load (%s): %s" % (rel, res["loader"], res["detail"]))

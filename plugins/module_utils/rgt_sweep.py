@@ -25,13 +25,9 @@ __metaclass__ = type
 import os
 import re
 import string
+from shlex import quote
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout
-
-try:
-    from shlex import quote
-except ImportError:  # pragma: no cover - Python 2 is not supported on the box
-    from pipes import quote
 
 ROSTER_SCHEMA = "rgt/roster/v1"
 # At most this many cells in one sweep (matrix combinations plus listed cells, docs/job-spec.md "Sweeps"): each is a

@@ -67,6 +67,13 @@ options:
   loader_python:
     type: str
     description: "Interpreter for the checkpoint load checks (the job's); default this one."
+  loader_bundle:
+    type: dict
+    description:
+      - "The checkpoint loader that O(loader_python) runs: the flat bundle C(ckpt_loader) of the lookup
+        C(rgt.remote_gpu.rgt_bundle) (C(entry) C(rgt_manifest.py) and the module_utils it imports)."
+      - "Installed in a temporary directory on the box for the seal's load checks, removed after; without it (or
+        when the directory cannot be written) the checks run in this interpreter."
   log_max_mb:
     type: int
     description: "Cap of one log file in the capsule, in MiB (at least 1); default 256 (module_utils/rgt_seal)."
@@ -112,10 +119,42 @@ reason:
   description: "Why the candidate failed (failure only)."
 """
 
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import RUN_LAYOUT_ARGS
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import RUN_LAYOUT_ARGS, install_bundle
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_seal import SealError, log_warnings, seal
+
+
+@contextlib.contextmanager
+def checkpoint_loader(module):
+    """The checkpoint loader (O(loader_bundle)) in a temporary directory while the seal runs, when the load checks
+    run under another interpreter (O(loader_python)): yields its script, else None (the checks run here)."""
+    p = module.params
+    bundle, python = p["loader_bundle"], p["loader_python"]
+    if not bundle or not python or python == sys.executable or module.check_mode:
+        yield None
+        return
+    tmp = tempfile.mkdtemp(prefix="rgt-ckpt-loader-")
+    try:
+        try:
+            install_bundle(tmp, bundle["files"], bundle["entry"])
+            script = os.path.join(tmp, bundle["entry"])
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            module.fail_json(msg="nothing sealed: loader_bundle is not the bundle ckpt_loader of the lookup "
+                                 "rgt.remote_gpu.rgt_bundle: %s" % exc)
+        except (IOError, OSError) as exc:
+            module.warn("the checkpoint loader could not be written to %s (%s): the load checks run under %s "
+                        "instead of %s" % (tmp, exc, sys.executable, python))
+            script = None
+        yield script
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():
@@ -131,14 +170,17 @@ def main():
             attempt=dict(type="int"),
             force_unfinished=dict(type="bool", default=False),
             loader_python=dict(type="str"),
+            loader_bundle=dict(type="dict"),
             log_max_mb=dict(type="int"),
         ),
         supports_check_mode=True,
     )
-    try:
-        result = seal(module.params, check_mode=module.check_mode)
-    except SealError as exc:
-        module.fail_json(msg=exc.msg, **exc.result)
+    params = dict((k, v) for k, v in module.params.items() if k != "loader_bundle")
+    with checkpoint_loader(module) as loader:
+        try:
+            result = seal(dict(params, loader=loader), check_mode=module.check_mode)
+        except SealError as exc:
+            module.fail_json(msg=exc.msg, **exc.result)
     for text in log_warnings(result.get("logs")):
         module.warn(text)
     module.exit_json(**result)

@@ -33,8 +33,8 @@ description:
     them, and every C(ANSIBLE_*) variable, out of the job's environment and puts C(rgt_job.python)'s directory
     first on C(PATH).
   - "Before a launch: the disk gate (free GiB on the durable root below O(disk_floor_gib) fails with C(rc_hint: 3)
-    and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper files
-    (O(wrapper_content), O(runlayout_content), written only when different), and C(job.json) (atomic)."
+    and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper bundle
+    (O(wrapper_bundle), each file written only when different), and C(job.json) (atomic)."
   - After the start it waits until the wrapper's heartbeat names the new attempt (at most
     O(first_heartbeat_timeout_s)); it never waits for the job itself.
   - Secrets never reach an argv; the wrapper sources O(secrets_file) inside bash.
@@ -107,13 +107,14 @@ options:
   wrapper_src:
     description: Path on the box of the wrapper to run; default C(<run_dir>/.rgt/wrapper.py).
     type: path
-  wrapper_content:
-    description: Source of the wrapper (the role's C(files/rgt_wrapper.py)); installed as
-      C(<run_dir>/.rgt/wrapper.py), mode 0755, at launch when different.
-    type: str
-  runlayout_content:
-    description: Source of C(rgt_runlayout.py), installed next to the wrapper (mode 0644) at launch when different.
-    type: str
+  wrapper_bundle:
+    description:
+      - The job wrapper as the flat bundle C(wrapper) of the lookup C(rgt.remote_gpu.rgt_bundle) - C(entry)
+        (C(wrapper.py)), C(files) (each file name mapped to its source - the role's C(files/rgt_wrapper.py) as
+        C(wrapper.py) and the module_utils it imports, each by its own name), C(digest), C(name).
+      - Installed into C(<run_dir>/.rgt/) at launch, the entry mode 0755, the module_utils 0644, each file only when
+        different.
+    type: dict
   relaunch:
     description: Relaunch a preempted or dead run as attempt n+1.
     type: bool
@@ -136,17 +137,19 @@ options:
         run once more), C(poll_s), C(parallel) (under sbatch the array's throttle).
       - Writes C(job.json) of each cell that may start (never ran, preempted, killed, dead; failed only when in
         C(retry)), never touching a live or finished cell, then C(.rgt/queue.json) of the sweep (a new
-        generation) and starts the sweep's queue (O(queue_content), C(.rgt/queue.py)) under O(detach) when it is
+        generation) and starts the sweep's queue (O(queue_bundle), C(.rgt/queue.py)) under O(detach) when it is
         not running. The queue starts each cell's wrapper on a free slot, never twice. Under detach sbatch the
         cells that may start go as one Slurm job array instead (C(--array=0-<n-1>%<parallel>), task i execs the
         wrapper of line i+1 of C(.rgt/array-<k>.list)); each cell's C(.rgt/slurm.json) records its task
         C(<array id>_<i>), and a cell whose task is pending or running is never submitted again. Other primitives
         do not run sweeps (C(rc_hint=2)). O(code_dir) is the sweep's own C(code-<hash8>), uploaded once per box.
     type: dict
-  queue_content:
-    description: Source of the sweep queue (the role's C(files/rgt_queue.py)), installed as
-      C(<sweep_dir>/.rgt/queue.py) when different. Required with O(sweep).
-    type: str
+  queue_bundle:
+    description:
+      - The sweep queue as the flat bundle C(queue) of the lookup C(rgt.remote_gpu.rgt_bundle) (the role's
+        C(files/rgt_queue.py) as C(queue.py) and the module_utils it imports), installed into
+        C(<sweep_dir>/.rgt/) like O(wrapper_bundle). Required with O(sweep).
+    type: dict
 notes:
   - Check mode is supported; it reports what would be done and writes nothing.
   - C(nohup) detaching runs the wrapper in a new session (C(setsid)), stdin C(/dev/null), output appended to
@@ -165,7 +168,7 @@ EXAMPLES = r"""
       command: python train.py --steps 2000
       python: /root/miniconda3/bin/python
     code_dir: /root/autodl-tmp/demo/active/tiny-001/code-1a2b3c4d
-    wrapper_content: "{{ lookup('ansible.builtin.file', 'rgt_wrapper.py', rstrip=false) }}"
+    wrapper_bundle: "{{ lookup('rgt.remote_gpu.rgt_bundle', 'wrapper') }}"
   register: launch
 """
 
@@ -263,6 +266,20 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import rea
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
+
+
+def install_box_files(module, meta, bundle, result):
+    """The box-side code of a run (the wrapper bundle) or of a sweep (the queue bundle) into its .rgt dir `meta`:
+    the entry (wrapper.py, queue.py) mode 0755 and the module_utils it imports beside it 0644, each only when
+    different (rgt_runlayout.install_bundle). No bundle installs nothing; a malformed one fails, nothing written."""
+    if not bundle:
+        return
+    try:
+        rl.install_bundle(meta, bundle["files"], bundle["entry"])
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        name = bundle.get("name") if isinstance(bundle, dict) else "?"
+        module.fail_json(msg="nothing installed in %s: the bundle %s is not one of the lookup "
+                             "rgt.remote_gpu.rgt_bundle (entry, files): %s" % (meta, name, exc), **result)
 
 
 def cgroup_cpu_quota():
@@ -764,8 +781,7 @@ def launch_sweep(module, root, python, inc):
         for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
             if not os.path.isdir(directory):
                 os.makedirs(directory)
-        rl.install(paths.wrapper, p["wrapper_content"], 0o755)
-        rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+        install_box_files(module, paths.meta, p["wrapper_bundle"], result)
         old = rl.read_json(paths.job) or {}
         cell_code = code_dir if (p["use_new_code"] or state == "never") else old.get("code_dir") or code_dir
         doc = job_document(module, paths, rgt_sweep.cell_job(job, cell), cell_code, omp, python, secrets_file)
@@ -782,10 +798,9 @@ def launch_sweep(module, root, python, inc):
                      sweep.get("parallel"), result)
         report_array(module, name, views, result)
     script = os.path.join(meta, "queue.py")
-    rl.install(script, p["queue_content"], 0o755)
-    rl.install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    install_box_files(module, meta, p["queue_bundle"], result)
     if not os.path.isfile(script):
-        module.fail_json(msg="no sweep queue at %s (pass queue_content)" % script, **result)
+        module.fail_json(msg="no sweep queue at %s (pass queue_bundle)" % script, **result)
     spec_path = os.path.join(meta, "queue.json")
     generation = int((rl.read_json(spec_path) or {}).get("generation") or 0) + 1
     rl.atomic_write_json(spec_path, {"project": p["project"], "durable_root": root, "python": python,
@@ -860,13 +875,12 @@ def main():
             detach=dict(type="str", default=rgt_registry.AUTO),
             detach_fallback=dict(type="str"),
             wrapper_src=dict(type="path"),
-            wrapper_content=dict(type="str"),
-            runlayout_content=dict(type="str"),
+            wrapper_bundle=dict(type="dict"),
             relaunch=dict(type="bool", default=True),
             relaunch_failed=dict(type="bool", default=False),
             first_heartbeat_timeout_s=dict(type="int", default=30),
             sweep=dict(type="dict"),
-            queue_content=dict(type="str"),
+            queue_bundle=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
@@ -990,10 +1004,9 @@ def main():
         if not os.path.isdir(directory):
             os.makedirs(directory)
     wrapper = p["wrapper_src"] or paths.wrapper
-    rl.install(paths.wrapper, p["wrapper_content"], 0o755)
-    rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    install_box_files(module, paths.meta, p["wrapper_bundle"], result)
     if not os.path.isfile(wrapper):
-        module.fail_json(msg="no wrapper at %s (pass wrapper_content or wrapper_src)" % wrapper, **result)
+        module.fail_json(msg="no wrapper at %s (pass wrapper_bundle or wrapper_src)" % wrapper, **result)
     doc = job_document(module, paths, job, code_dir, omp, python, secrets_file)
     rl.atomic_write_json(paths.job, doc, 0o600)  # the proxy hook may carry credentials
 

@@ -2,10 +2,11 @@
 offline by kubernetes-validate (the Kubernetes OpenAPI schema of the stated version, `--strict`: unknown fields
 are errors) and by rgt_k8s's own rules, rendered as YAML. Nothing here talks to a cluster.
 
-The run dir is staged onto the claim without `kubectl exec`: manifests_for reads what the init container installs
-(the stage script, the wrapper and rgt_runlayout from this repo, job.json from rgt_runlayout.job_document, and the
-code tree as a deterministic tar.gz) and rgt_k8s puts it into the run's ConfigMap (at most 1 MiB in Kubernetes;
-refused over STAGE_MAX_BYTES). The same spec and code give byte-identical manifests.
+The run dir is staged onto the claim without `kubectl exec`: manifests_for gathers what the init container runs
+and installs (the flat bundles `k8s_stage` and `wrapper` of rgt.bundle, the wrapper bundle's listing, job.json
+from rgt_runlayout.job_document, and the code tree as a deterministic tar.gz) and rgt_k8s puts it into the run's
+ConfigMap (at most 1 MiB in Kubernetes; refused over STAGE_MAX_BYTES). The same spec and code give
+byte-identical manifests.
 
 kubernetes-validate is an optional dependency (the `k8s` extra, pinned in pyproject.toml); without it a kubernetes
 plan fails naming the install command. docs/kubernetes.md says what is checked and what is not.
@@ -26,16 +27,15 @@ from pathlib import Path
 
 import yaml
 
-from rgt import jobspec, paths, profiles
+from rgt import bundle, jobspec, paths, profiles
 from rgt.errors import InputError, RgtError
 
 VALIDATOR = "kubernetes-validate"
 VALIDATOR_PIN = "kubernetes-validate==1.37.0"
 MANIFEST_DIR = ".rgt/k8s"  # under the run dir: where the manifests of a run are written
-# what the stage container installs, from this repo (the launch role ships the same two files to a box)
-STAGE_SOURCES = {"rgt_k8s_stage.py": ("roles", "launch_detached", "files", "rgt_k8s_stage.py"),
-                 "wrapper.py": ("roles", "launch_detached", "files", "rgt_wrapper.py"),
-                 "rgt_runlayout.py": ("plugins", "module_utils", "rgt_runlayout.py")}
+# the stage ConfigMap's code: what the stage container runs, and the wrapper it installs into <run_dir>/.rgt/ (the
+# bundle the launch role installs on a box)
+STAGE_BUNDLE, WRAPPER_BUNDLE = "k8s_stage", "wrapper"
 # A ConfigMap holds at most 1 MiB (data + binaryData, base64 counted); the rest is left for the metadata
 STAGE_MAX_BYTES = 900 * 1024
 # code that large cannot compress into STAGE_MAX_BYTES (that would be over 36x): refused before it is read
@@ -191,8 +191,21 @@ def code_tarball(src: str, ignore_file: str | None = None, crlf: str = jobspec.D
             "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _repo_text(parts: tuple[str, ...]) -> str:
-    return paths.REPO_ROOT.joinpath(*parts).read_text(encoding="utf-8")
+def stage_code() -> tuple[dict[str, str], dict[str, str]]:
+    """The stage ConfigMap's code: ({file: text}, {file: where it was read}) of the bundles STAGE_BUNDLE and
+    WRAPPER_BUNDLE (a module_util both import is one file), and the wrapper bundle's listing (the stage's
+    WRAPPER_BUNDLE key: which of the files it installs into .rgt/, the entry first)."""
+    files: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for built in (bundle.flat(STAGE_BUNDLE), bundle.flat(WRAPPER_BUNDLE)):
+        for name, text in built.files.items():
+            if files.setdefault(name, text) != text:  # two flat bundles of one collection never differ in a file
+                raise RgtError(f"the stage's bundles hold two different {name}", fix="report this as a bug")
+            sources[name] = built.sources[name]
+    wrapper = bundle.flat(WRAPPER_BUNDLE)
+    listing = {"name": wrapper.name, "entry": wrapper.entry, "digest": wrapper.digest, "files": list(wrapper.files)}
+    files[paths.module_util("rgt_k8s_stage").WRAPPER_BUNDLE] = json.dumps(listing, sort_keys=True) + "\n"
+    return files, sources
 
 
 def _omp(job: dict) -> int | None:
@@ -214,10 +227,9 @@ def shown(doc: dict) -> dict:
     if doc.get("kind") != "ConfigMap":
         return doc
     out = dict(doc, data=dict(doc.get("data") or {}))
-    for name in STAGE_SOURCES:
+    for name, source in stage_code()[1].items():
         if name in out["data"]:
-            out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "from " + "/".join(
-                STAGE_SOURCES[name]))
+            out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "from " + source)
     for name in [n for n in out["data"] if n.startswith(lib().RECORD_PREFIX)]:
         out["data"][name] = _placeholder(name, out["data"][name].encode("utf-8"), "the manifest shown above or "
                                          "below, written to .rgt/k8s/")
@@ -253,7 +265,7 @@ def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict,
     doc = paths.module_util("rgt_runlayout").job_document(
         run_paths, job, code_dir, _omp(job), job["python"], None, env, None, k8s.grace_s(profile),
         launched_at=STAGED_LAUNCHED_AT)
-    stage = {name: _repo_text(parts) for name, parts in STAGE_SOURCES.items()}
+    stage = dict(stage_code()[0])
     stage["job.json"] = json.dumps(doc, sort_keys=True, indent=1) + "\n"
     if code is not None:
         stage[k8s.STAGE_CODE] = code["data"]

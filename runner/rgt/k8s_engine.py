@@ -18,12 +18,12 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   extraction (no absolute names, no '..', no links or devices), the helper deleted in every case. Verifying the
   bytes against the run's manifest is the pull's job.
 - `seal(kc, claim, image, python, durable_root, params)`: rgt_closeout's seal (module_utils/rgt_seal) in a seal
-  pod: a ConfigMap with roles/collect/files/rgt_k8s_seal.py and the module_utils it imports (flat), a bare pod in
-  the job's image and python with the claim read-write at the durable root; its one JSON line from `kubectl logs`;
-  pod and ConfigMap deleted in every case.
+  pod: a ConfigMap with the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the module_utils
+  it imports), a bare pod in the job's image and python with the claim read-write at the durable root; its one
+  JSON line from `kubectl logs`; pod and ConfigMap deleted in every case.
 - `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
   off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
-  (plugins/modules/rgt_pull_verify, imported) into the same local layout: `<runs>/<run_id>/<host>/`,
+  (module_utils/rgt_pullverify, the module rgt_pull_verify's) into the same local layout: `<runs>/<run_id>/<host>/`,
   `<host>.manifest.json`, `<host>.PROVENANCE.md`, `<host>.PULL_VERIFIED.json`.
 """
 
@@ -32,13 +32,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.util
 import json
 import os
 import posixpath
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -49,7 +47,7 @@ from typing import IO
 
 import yaml
 
-from rgt import paths
+from rgt import bundle, paths
 from rgt.errors import FAILED, OK, UNREACHABLE, InputError, RgtError
 
 KUBECTL_ENV = "RGT_KUBECTL"
@@ -597,16 +595,11 @@ class SealFailed(RgtError):
         self.result = result
 
 
-def _seal_lib():
-    return paths.module_util("rgt_seal")
-
-
 def seal_files(params: dict) -> dict[str, str]:
-    """The seal ConfigMap's data: the entry script (roles/collect/files/rgt_k8s_seal.py), the module_utils it
-    imports, flat (rgt_seal.FLAT_MODULE_UTILS), and the params as params.json (names and paths, no secret)."""
-    data = {SEAL_SCRIPT: (paths.REPO_ROOT / "roles" / "collect" / "files" / SEAL_SCRIPT).read_text(encoding="utf-8")}
-    for name in _seal_lib().FLAT_MODULE_UTILS:
-        data[f"{name}.py"] = (paths.MODULE_UTILS_DIR / f"{name}.py").read_text(encoding="utf-8")
+    """The seal ConfigMap's data: the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the
+    module_utils it imports, the checkpoint loader among them) and the params as params.json (names and paths, no
+    secret)."""
+    data = dict(bundle.flat("k8s_seal").files)
     data[SEAL_PARAMS] = json.dumps(params, sort_keys=True)
     return data
 
@@ -732,26 +725,14 @@ def seal(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, pa
 # ---------------------------------------------------------------- pull
 
 def _pull_verify():
-    """plugins/modules/rgt_pull_verify.py, the SSH pull's controller-side verification and marker, imported as a
-    library (its functions are plain; the module's own main() is never called), so both pulls verify, write
-    PROVENANCE.md and PULL_VERIFIED.json, and build their report with one copy of the code."""
-    name = "ansible_collections.rgt.remote_gpu.plugins.modules.rgt_pull_verify"
-    if name not in sys.modules:
-        paths.module_util("rgt_manifest")  # its module_utils resolve through rgt.paths
-        spec = importlib.util.spec_from_file_location(name, paths.REPO_ROOT / "plugins" / "modules"
-                                                      / "rgt_pull_verify.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    """module_utils/rgt_pullverify, the SSH pull's controller-side verification and marker (the module
+    rgt_pull_verify is its Ansible face), so both pulls verify, write PROVENANCE.md and PULL_VERIFIED.json, and
+    build their report with one copy of the code."""
+    return paths.module_util("rgt_pullverify")
 
 
 def _verify(pv, p: dict, result: dict) -> None:
-    """rgt_pull_verify.verify_pull (the module's own verification, marker and provenance) into `result`; a
+    """rgt_pullverify.verify_pull (the SSH pull's verification, marker and provenance) into `result`; a
     failure's message as result["msg"]."""
     done, msg = pv.verify_pull(p)
     result.update(done)
@@ -783,10 +764,10 @@ def pull(kc: Kubectl, claim: str, image: str, python: str, durable_root: str, pa
          ready_timeout_s: int = READY_TIMEOUT_S, poll_s: float = POLL_S, verify_only: bool = False) -> dict:
     """`rgt-run pull` for a kubernetes host: seal the run on the claim (seal), copy export/<run_id>/ and its
     manifest off the claim through a helper pod (one tar stream of both), then verify here exactly as the SSH pull
-    does (plugins/modules/rgt_pull_verify: the manifest promoted to `<runs>/<run_id>/<host>.manifest.json`, the
+    does (module_utils/rgt_pullverify: the manifest promoted to `<runs>/<run_id>/<host>.manifest.json`, the
     capsule at `<runs>/<run_id>/<host>/`, `<host>.PROVENANCE.md` and `<host>.PULL_VERIFIED.json` beside it,
     atomic). A local copy that already verifies against the sealed manifest is not copied again
-    (state already_verified). Returns the collect role's report (rgt_pull_verify.build_report: host, run_id,
+    (state already_verified). Returns the collect role's report (rgt_pullverify.build_report: host, run_id,
     verified, files, bytes, dest, marker, missing ... error) plus state (verified | already_verified |
     seal_failed | not_verified | failed | unreachable), exit_code (rgt.errors), fix, seal_pod and helper_pod.
     verify_only re-verifies the local copy and touches no cluster (`rgt-run pull --verify-only`, the teardown

@@ -36,6 +36,7 @@ from typing import IO
 from rich.console import Console
 
 from rgt import errors, k8s_run, paths, sshround
+from rgt.bundle import status_zipapp
 from rgt.errors import InputError
 from rgt.safetext import printable
 
@@ -197,7 +198,7 @@ class Reader:
 
 
 def start_reader(source: Source, follow: bool) -> Reader:
-    digest, _data = sshround.bundle()
+    digest, _data = status_zipapp()
     command = sshround.RUN_CACHED.format(digest=digest, python=shlex.quote(source.target.python),
                                          missing=sshround.MISSING_RC)
     sshround._ensure_control_dir(source.target)
@@ -278,7 +279,7 @@ def open_log(source: Source) -> Opened:
         timed_out = reader.timed_out
         rc, err = finish(reader)
         if rc == sshround.MISSING_RC and not shipped:
-            digest, data = sshround.bundle()
+            digest, data = status_zipapp()
             answer = sshround.ship(source.target, digest, data)
             if answer.rc != 0:
                 return Opened(answer=answer)
@@ -353,7 +354,7 @@ def follow(source: Source, console: Console, printer: Printer, args: argparse.Na
                 printer.feed(source, chunk)
         rc, stderr_text = finish(reader)
         if rc == sshround.MISSING_RC and header is None:
-            digest, data = sshround.bundle()
+            digest, data = status_zipapp()
             shipped = sshround.ship(source.target, digest, data)
             if shipped.rc == 0:
                 continue
@@ -499,7 +500,7 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
     results: dict[str, dict] = {}
     if not args.follow:
         if sources:
-            sshround.bundle()  # once, before the threads start
+            status_zipapp()  # once, before the threads start
             window = sshround.MAX_PARALLEL  # reads open at once: the host being printed and the next ones
             with ThreadPoolExecutor(max_workers=min(window, len(sources))) as pool:
                 ahead = [pool.submit(open_log, s) for s in sources[:window]]  # all at once; printed in turn

@@ -6,8 +6,9 @@ inventory's known_hosts> HostKeyAlias=<rgt_instance_id> StrictHostKeyChecking=ye
 a ControlMaster whose socket is named by everything that identifies the connection, pin included, so successive
 ticks reuse it and a host with another pin never rides on it. `ansible_connection: local` hosts run locally.
 
-What runs on the box is the monitor module's own code: plugins/module_utils/rgt_statusdoc.py (and rgt_logread.py
-for `rgt-run logs`) with the module_utils they import, packed into one zipapp named by its content hash. It is
+What runs on the box is the monitor module's own code: the status bundle (module_utils/rgt_bundle: the entry
+plugins/module_utils/rgt_statusround.py, which calls rgt_statusdoc, rgt_logread for `rgt-run logs` and rgt_sweep,
+and every module_util they import), one zipapp named by its content hash (rgt.bundle.status_zipapp). It is
 shipped once per box and unpacked to `${XDG_CACHE_HOME:-~/.cache}/rgt/status-<hash>/` (a temp directory, every
 file fsynced, renamed into place), reused while present (with the bytecode Python caches beside it), shipped
 again when the hash changes. A tick is one `python3 <file>` per host with
@@ -17,63 +18,26 @@ in parallel with the others.
 
 from __future__ import annotations
 
-import ast
 import configparser
 import hashlib
-import io
 import json
 import os
 import shlex
 import subprocess
 import sys
-import threading
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rgt import paths
+from rgt.bundle import status_zipapp
 from rgt.events import HOST_KEY_PATTERNS
 from rgt.inventory import Host, known_hosts_file
-from rgt.ledger import cache_path, cache_put
 
 MISSING_RC = 97  # the cached zipapp is not on the box (yet): ship it, then call again
 SSH_FAILED_RC = 255
 ANSWER_TIMEOUT_S = 90  # connect, plus the status collectors' own bounded calls (nvidia-smi 10 s, df, tmux)
 MAX_PARALLEL = 64
-ZIPAPP_KEEP = 8  # built zipapps kept on the controller, newest first
-PACKAGE = "ansible_collections/rgt/remote_gpu/plugins/module_utils"
-ENTRY_UTILS = ("rgt_statusdoc", "rgt_logread", "rgt_sweep")
-MAIN = '''\
-import json
-import sys
-
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_statusdoc, rgt_sweep
-
-
-def main():
-    params = json.loads(sys.stdin.readline() or "{}")
-    op = params.pop("op", "status")
-    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
-    try:
-        if op == "log":
-            rgt_logread.stream(params, out)
-            return 0
-        if op == "roster":
-            doc = {"roster": rgt_sweep.box_roster(params)}
-        else:
-            doc = {"status": rgt_statusdoc.status_document(params)}
-    except ValueError as exc:
-        doc = {"failed": True, "msg": str(exc)}
-    except KeyboardInterrupt:
-        return 130
-    out.write((json.dumps(doc, default=str) + "\\n").encode("utf-8"))
-    out.flush()
-    return 1 if doc.get("failed") else 0
-
-
-sys.exit(main())
-'''
 # what the box runs: the cached copy when present, else MISSING_RC (no byte of the arguments is read). The copy
 # is the zipapp unpacked into a directory named by its hash, so Python keeps the bytecode of the module_utils
 # beside them (__pycache__) and a tick does not compile them again (a zip is compiled on every import).
@@ -104,87 +68,6 @@ SHIP = ('import io,os,shutil,sys,tempfile,zipfile\n'
         '    p=os.path.join(d,old)\n'
         '    if old.startswith("status-") and p!=final and os.path.getmtime(p)<time.time()-7*86400:\n'
         '        shutil.rmtree(p,ignore_errors=True)\n')
-
-
-# ---------------------------------------------------------------- the zipapp
-
-def _imports(source: str) -> set[str]:
-    """The module_utils a module_util imports (the collection's own, by name)."""
-    names = set()
-    prefix = PACKAGE.replace("/", ".")
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == prefix:
-                names.update(a.name for a in node.names)
-            elif node.module.startswith(prefix + "."):
-                names.add(node.module[len(prefix) + 1:].split(".")[0])
-    return names
-
-
-def bundle_files(utils_dir: Path | None = None) -> dict[str, bytes]:
-    """{archive path: bytes}: __main__.py, the package __init__ files, and the closure of ENTRY_UTILS."""
-    utils_dir = utils_dir or paths.MODULE_UTILS_DIR
-    todo, seen = list(ENTRY_UTILS), set()
-    files = {"__main__.py": MAIN.encode()}
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        source = (utils_dir / f"{name}.py").read_text()
-        files[f"{PACKAGE}/{name}.py"] = source.encode()
-        todo.extend(sorted(_imports(source) - seen))
-    parts = PACKAGE.split("/")
-    for depth in range(1, len(parts) + 1):
-        files["/".join(parts[:depth]) + "/__init__.py"] = b""
-    return files
-
-
-def build_zipapp(files: dict[str, bytes]) -> tuple[str, bytes]:
-    """(hash, bytes): a reproducible zip (sorted names, fixed dates), named by the SHA-256 of its bytes."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name in sorted(files):
-            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, files[name])
-    data = buf.getvalue()
-    return hashlib.sha256(data).hexdigest()[:20], data
-
-
-_BUNDLE: tuple[str, bytes] | None = None
-_BUNDLE_LOCK = threading.Lock()
-
-
-def _bundle_cache(utils_dir: Path) -> Path:
-    """Where this controller keeps the built zipapp: named by every module_util's path, mtime and size (building it
-    parses them all, a fifth of a second that every `rgt-run status` would pay again)."""
-    stamp = "\0".join(f"{p.name}:{p.stat().st_mtime_ns}:{p.stat().st_size}" for p in sorted(utils_dir.glob("*.py")))
-    key = hashlib.sha256(f"{utils_dir}\0{stamp}\0{MAIN}".encode()).hexdigest()[:24]
-    return cache_path("zipapp", f"{key}.pyz")
-
-
-def _load_bundle(utils_dir: Path) -> tuple[str, bytes]:
-    cache = _bundle_cache(utils_dir)
-    try:
-        data = cache.read_bytes()
-        return hashlib.sha256(data).hexdigest()[:20], data  # the name of the copy on the box is its own hash
-    except OSError:
-        pass
-    digest, data = build_zipapp(bundle_files(utils_dir))
-    cache_put(cache, data, ZIPAPP_KEEP)
-    return digest, data
-
-
-def bundle() -> tuple[str, bytes]:
-    """The zipapp of this checkout/installation (once per process, by the first thread that asks: the others wait
-    for it instead of building it again under the GIL; from the controller's cache while no module_util changed)."""
-    global _BUNDLE
-    with _BUNDLE_LOCK:
-        if _BUNDLE is None:
-            _BUNDLE = _load_bundle(paths.MODULE_UTILS_DIR)
-    return _BUNDLE
 
 
 # ---------------------------------------------------------------- the connection
@@ -343,7 +226,7 @@ def call(target: Target, command: str, stdin: bytes = b"", timeout: float = ANSW
 
 def run_cached(target: Target, stdin: bytes, timeout: float = ANSWER_TIMEOUT_S) -> Answer:
     """Run the cached zipapp with `stdin`; ship it first when the box does not have this hash."""
-    digest, data = bundle()
+    digest, data = status_zipapp()
     command = RUN_CACHED.format(digest=digest, python=shlex.quote(target.python), missing=MISSING_RC)
     answer = call(target, command, stdin, timeout)
     if answer.rc != MISSING_RC:
@@ -420,7 +303,7 @@ def status_round(inventory: str, hosts: list[Host], extravars: dict | None = Non
         except ValueError as exc:
             out[host.name] = Outcome(error=str(exc))
     if jobs:
-        bundle()  # once, before the threads start
+        status_zipapp()  # once, before the threads start
         with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(jobs))) as pool:
             futures = {name: pool.submit(status_one, *job) for name, job in jobs.items()}
             out.update({name: f.result() for name, f in futures.items()})
@@ -446,7 +329,7 @@ def roster_round(inventory: str, hosts: list[Host], extravars: dict | None, proj
             continue
     if not jobs:
         return {}
-    bundle()
+    status_zipapp()
 
     def one(target: Target, params: dict) -> dict | None:
         answer = run_cached(target, (json.dumps({"op": "roster", **params}) + "\n").encode())

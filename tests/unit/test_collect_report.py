@@ -1,8 +1,8 @@
-"""The collect role's report and failure message, built once in Python (plugins/modules/rgt_pull_verify.py
-build_report) from the results the role's steps registered: the runner and the teardown gate read this report, and
-the message is what the user sees for the host."""
+"""The collect role's report and failure message, built once in Python (plugins/module_utils/rgt_pullverify.py
+build_report, the module rgt_pull_verify's) from the results the role's steps registered: the runner and the
+teardown gate read this report, and the message is what the user sees for the host."""
 
-from ansible_collections.rgt.remote_gpu.plugins.modules.rgt_pull_verify import build_report
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_pullverify import build_report
 
 
 def params(**report):

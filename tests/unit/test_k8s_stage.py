@@ -1,4 +1,4 @@
-"""The stage of a Kubernetes run (roles/launch_detached/files/rgt_k8s_stage.py): the Job's init container, run here
+"""The stage of a Kubernetes run (plugins/module_utils/rgt_k8s_stage.py): the Job's init container, run here
 with python3 on a tmp dir standing in for the claim, from the very ConfigMap runner/rgt/k8s.py generates (its files
 written out as the kubelet mounts them). It installs the wrapper, rgt_runlayout and job.json, extracts the code into
 code-<hash8> (the upload's hash rule) once, changes nothing on a second run (a new pod after an eviction), and
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout, rgt_tree
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle, rgt_runlayout, rgt_tree
 from rgt import k8s
 from rgt.profiles import load_profile
 
@@ -81,7 +81,7 @@ def test_the_stage_installs_what_the_wrapper_needs_and_the_code_under_its_hash(s
     for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
         assert os.path.isdir(directory)
     wrapper = Path(paths.wrapper)
-    assert wrapper.read_bytes() == (REPO / "roles" / "launch_detached" / "files" / "rgt_wrapper.py").read_bytes()
+    assert wrapper.read_bytes() == rgt_bundle.build("wrapper").files["wrapper.py"].encode()  # as the launch ships it
     assert wrapper.stat().st_mode & 0o7777 == 0o755
     layout = Path(paths.meta) / "rgt_runlayout.py"
     assert layout.read_bytes() == (REPO / "plugins" / "module_utils" / "rgt_runlayout.py").read_bytes()
@@ -223,8 +223,9 @@ def test_the_stage_refuses_a_run_dir_that_is_not_a_run_dir(staged, tmp_path):
 
 
 def test_the_stage_script_is_stdlib_and_python36_syntax():
-    """It runs in the user's image with its python (3.6+), next to nothing but rgt_runlayout."""
-    source = (REPO / "roles" / "launch_detached" / "files" / "rgt_k8s_stage.py").read_text()
+    """It runs in the user's image with its python (3.6+), next to nothing but rgt_runlayout (the script as the
+    ConfigMap carries it: the bundle k8s_stage, its imports made flat)."""
+    source = rgt_bundle.build("k8s_stage").files["rgt_k8s_stage.py"]
     tree = ast.parse(source, feature_version=(3, 6))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout, rgt_tree
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle, rgt_k8s, rgt_runlayout, rgt_tree
 from rgt import k8s
 from rgt.errors import InputError
 from rgt.inventory import validate_job
@@ -407,8 +407,9 @@ def config_map(plan) -> dict:
 def test_the_stage_carries_the_repo_scripts_job_json_and_the_code_and_the_plan_shows_placeholders():
     plan = k8s.manifests_for("cluster", PROFILE, full_job(), run_paths())
     doc = config_map(plan)
-    for name, parts in k8s.STAGE_SOURCES.items():
-        assert doc["data"][name] == REPO.joinpath(*parts).read_text(encoding="utf-8")
+    for name in ("k8s_stage", "wrapper"):  # the repo's scripts and their module_utils, as the bundler ships them
+        for file, text in rgt_bundle.build(name).files.items():
+            assert doc["data"][file] == text
     code = rgt_tree.build_manifest(str(REPO / "examples" / "tiny_train"))
     staged = json.loads(doc["data"]["job.json"])
     run_dir = "/checkpoints/proj/active/run.1"

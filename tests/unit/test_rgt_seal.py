@@ -1,8 +1,8 @@
 """The seal (plugins/module_utils/rgt_seal.py), the closeout's logic without Ansible, on a temp durable root, with
 the run's logs (whole, capped, cut to a nearly full disk, a link, a Slurm array task's output, an export sealed
-before logs were part of it); and its standalone entry (roles/collect/files/rgt_k8s_seal.py) run the way the
-seal pod runs it: a plain interpreter with only the ConfigMap's flat directory to import from (no Ansible, no
-collection)."""
+before logs were part of it); and its standalone entry (module_utils/rgt_k8s_seal.py, as the flat bundle
+`k8s_seal` of module_utils/rgt_bundle) run the way the seal pod runs it: a plain interpreter with only the
+ConfigMap's flat directory to import from (no Ansible, no collection)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle, rgt_seal
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_seal
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "roles" / "collect" / "files" / "rgt_k8s_seal.py"
+SCRIPT = REPO / "plugins" / "module_utils" / "rgt_k8s_seal.py"
 RUN_ID = "run.1"
 LOG = ("== rgt attempt 1 started 2026-01-01T00:00:00Z resume_from=none\nstep=1 loss=2.0\n"
        "preempted: checkpoint\n== rgt attempt 1 ended 2026-01-01T00:05:00Z reason=preempted rc=143\n"
@@ -301,12 +302,12 @@ def test_an_export_sealed_before_logs_were_part_of_it_is_left_as_it_is(tmp_path)
 # ---------------------------------------------------------------- the flat entry, as the seal pod runs it
 
 def flat_dir(tmp_path: Path) -> Path:
-    """The seal ConfigMap's directory: the entry script and the module_utils it imports, side by side."""
+    """The seal ConfigMap's directory: the entry script and the module_utils it imports, side by side (the bundle
+    `k8s_seal`, as runner/rgt/k8s_engine.seal_files puts it in the ConfigMap)."""
     flat = tmp_path / "rgt-seal"
     flat.mkdir()
-    shutil.copy(SCRIPT, flat / SCRIPT.name)
-    for name in rgt_seal.FLAT_MODULE_UTILS:
-        shutil.copy(REPO / "plugins" / "module_utils" / f"{name}.py", flat / f"{name}.py")
+    for name, text in rgt_bundle.build("k8s_seal").files.items():
+        (flat / name).write_text(text)
     flat.chmod(0o555)  # a ConfigMap mount is read-only
     return flat
 
@@ -356,3 +357,60 @@ def test_the_entry_script_fails_in_one_json_line_with_the_quarantine(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     rc, doc, _err = run_flat(flat, str(tmp_path / "bad.json"))
     assert rc == 1 and "not a JSON object" in doc["msg"]
+
+
+# ---------------------------------------------------------------- the checkpoint loader (the bundle ckpt_loader)
+
+OTHER_PYTHON = "/usr/bin/python3"  # an interpreter without numpy: what a load check gives there tells where it ran
+needs_other_python = pytest.mark.skipif(
+    not Path(OTHER_PYTHON).exists() or subprocess.run([OTHER_PYTHON, "-c", "import numpy"],
+                                                      capture_output=True).returncode == 0,
+    reason=f"needs {OTHER_PYTHON} without numpy")
+
+
+def npy_run(root: Path) -> Path:
+    """A finished run whose declared checkpoint step-10/ holds a .npy (numpy loads it; without numpy: no loader)."""
+    numpy = pytest.importorskip("numpy")
+    run = make_run(root)
+    numpy.save(run / "ckpt" / "step-10" / "weights.npy", numpy.arange(6, dtype="float32"))
+    return run
+
+
+def load_checks(result: dict) -> dict:
+    return {c["path"]: (c["ok"], c["detail"]) for c in result["checkpoints"] if c["path"].endswith(".npy")}
+
+
+@needs_other_python
+def test_the_closeout_runs_the_load_checks_under_the_jobs_python_from_the_loader_bundle(tmp_path):
+    """rgt_closeout (this interpreter, with numpy) installs loader_bundle in a temp dir and runs the checkpoint load
+    check under loader_python (no numpy there); without the bundle the check runs here."""
+    def closeout(root: Path, **extra) -> dict:
+        npy_run(root)
+        args = tmp_path / f"{root.name}.json"
+        args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": dict(
+            params(root, declared_checkpoints=["step-10/"], loader_python=OTHER_PYTHON), **extra)}))
+        proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / "rgt_closeout.py"), str(args)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(REPO / ".collections"), "TMPDIR": str(tmp_path)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout)
+
+    there = closeout(tmp_path / "there", loader_bundle=rgt_bundle.build("ckpt_loader").as_dict())
+    assert load_checks(there) == {"ckpt/step-10/weights.npy": (None, "numpy is not importable")}
+    assert not list(tmp_path.glob("rgt-ckpt-loader-*")), "the loader's temp dir is removed"
+    here = closeout(tmp_path / "here")
+    assert load_checks(here) == {"ckpt/step-10/weights.npy": (True, "array float32 (6,)")}
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs /usr/bin/python3")
+def test_the_seal_pod_runs_the_load_checks_under_loader_python_from_its_own_directory(tmp_path):
+    """In the seal pod the checkpoint loader is the ConfigMap's rgt_manifest.py: loader_python (here the test's
+    interpreter, with numpy) loads the .npy that the pod's plain python3 could not."""
+    flat = flat_dir(tmp_path)
+    durable = tmp_path / "durable"
+    npy_run(durable)
+    (tmp_path / "params.json").write_text(json.dumps(params(durable, declared_checkpoints=["step-10/"],
+                                                            loader_python=sys.executable)))
+    rc, doc, _err = run_flat(flat, str(tmp_path / "params.json"))
+    assert rc == 0 and doc["sealed"], doc
+    assert load_checks(doc) == {"ckpt/step-10/weights.npy": (True, "array float32 (6,)")}

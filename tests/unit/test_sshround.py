@@ -4,7 +4,6 @@ once, reused, shipped again when the code changes), and the arguments derived on
 
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rgt import paths, sshround
+from rgt import bundle, paths, sshround
 from rgt.inventory import Host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,47 +123,7 @@ def test_status_arguments_follow_the_role_defaults():
             params["history_kb"]) == ("/data", "p", "exp1", ["/data"], 0)
 
 
-# ---------------------------------------------------------------- the zipapp
-
-def test_zipapp_is_reproducible_and_carries_the_imported_module_utils():
-    files = sshround.bundle_files()
-    names = set(files)
-    utils = "ansible_collections/rgt/remote_gpu/plugins/module_utils/"
-    for name in ("rgt_statusdoc", "rgt_logread", "rgt_runlayout", "rgt_reconcile", "rgt_history", "rgt_proc"):
-        assert utils + name + ".py" in names
-    assert utils + "rgt_cloud.py" not in names  # only what the status code imports
-    assert sshround.build_zipapp(files) == sshround.build_zipapp(dict(files))
-
-
-def test_zipapp_hash_changes_with_the_code(tmp_path):
-    utils = tmp_path / "module_utils"
-    shutil.copytree(paths.MODULE_UTILS_DIR, utils, ignore=shutil.ignore_patterns("__pycache__"))
-    before, _ = sshround.build_zipapp(sshround.bundle_files(utils))
-    with open(utils / "rgt_history.py", "a") as fh:
-        fh.write("\n# changed\n")
-    after, _ = sshround.build_zipapp(sshround.bundle_files(utils))
-    assert before != after
-
-
-def test_the_built_zipapp_is_kept_on_the_controller_until_a_module_util_changes(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    utils = tmp_path / "module_utils"
-    shutil.copytree(paths.MODULE_UTILS_DIR, utils, ignore=shutil.ignore_patterns("__pycache__"))
-    built = sshround._load_bundle(utils)
-    assert built == sshround.build_zipapp(sshround.bundle_files(utils))
-
-    def no_build(_files):
-        raise AssertionError("built again although nothing changed")
-
-    monkeypatch.setattr(sshround, "build_zipapp", no_build)
-    assert sshround._load_bundle(utils) == built  # the next process reads it
-    monkeypatch.undo()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    with open(utils / "rgt_history.py", "a") as fh:
-        fh.write("\n# changed\n")
-    changed = sshround._load_bundle(utils)
-    assert changed[0] != built[0] and changed == sshround.build_zipapp(sshround.bundle_files(utils))
-
+# ---------------------------------------------------------------- the zipapp on the box
 
 def local_target():
     host = Host(name="me", vars={"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
@@ -182,15 +141,15 @@ def test_zipapp_is_shipped_once_reused_and_reshipped_when_the_hash_changes(tmp_p
     first = sshround.run_cached(target, stdin)
     assert first.rc == 0, first.stderr
     assert json.loads(first.stdout)["status"]["state"] == "not_started"
-    digest, _data = sshround.bundle()
+    digest, _data = bundle.status_zipapp()
     cached = cache / f"status-{digest}"
 
     def box_side():  # the box's copies (on a local host the controller's own caches live beside them)
         return sorted(p.name for p in cache.iterdir() if "status-" in p.name)
 
     assert box_side() == [cached.name]  # no temp directory left behind
-    for name, data in sshround.bundle_files().items():
-        assert (cached / name).read_bytes() == data, name
+    for name, text in bundle.lib().build("status").files.items():
+        assert (cached / name).read_bytes() == text.encode(), name
     assert list(cached.rglob("__pycache__/*.pyc")), "the module_utils' bytecode is kept beside them"
     stamp = (cached / "__main__.py").stat()
     second = sshround.run_cached(target, stdin)
@@ -199,12 +158,13 @@ def test_zipapp_is_shipped_once_reused_and_reshipped_when_the_hash_changes(tmp_p
     stale = cache / "status-0123456789abcdef0123"  # a version last shipped 8 days ago
     (stale / "x").mkdir(parents=True)
     os.utime(stale, (time.time() - 8 * 86400,) * 2)
-    files = sshround.bundle_files()
-    files["__main__.py"] += b"\n# another version of the code\n"
-    monkeypatch.setattr(sshround, "_BUNDLE", sshround.build_zipapp(files))
+    status = bundle.lib().build("status")
+    files = dict(status.files)
+    files["__main__.py"] += "\n# another version of the code\n"
+    monkeypatch.setattr(bundle, "_ZIPAPP", bundle.lib().zipapp(status._replace(files=files)))
     third = sshround.run_cached(target, stdin)
     assert third.rc == 0
-    assert box_side() == sorted([cached.name, f"status-{sshround.bundle()[0]}"])
+    assert box_side() == sorted([cached.name, f"status-{bundle.status_zipapp()[0]}"])
 
 
 def test_a_bad_run_id_is_refused_before_any_connection(tmp_path):

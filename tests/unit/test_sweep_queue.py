@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle
+
 REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "roles" / "launch_detached" / "files"
 QUEUE = FILES / "rgt_queue.py"
-WRAPPER = FILES / "rgt_wrapper.py"
-RUNLAYOUT = REPO / "plugins" / "module_utils" / "rgt_runlayout.py"
 PROJECT = "proj"
 SWEEP = "abl"
 
@@ -116,8 +116,8 @@ def command(rc=0, sleep=1):
 
 
 class Sweep:
-    """A sweep the way rgt_launch lays it out: each cell an ordinary run dir (wrapper.py, rgt_runlayout.py and
-    job.json under .rgt/), and the sweep dir with queue.py, rgt_runlayout.py and queue.json."""
+    """A sweep the way rgt_launch lays it out: each cell an ordinary run dir (the wrapper bundle and job.json under
+    .rgt/), and the sweep dir with the queue bundle and queue.json (install_bundle, as rgt_launch installs them)."""
 
     def __init__(self, tmp_path, commands, slots, poll_s=0.2):
         self.root = str(tmp_path / "durable")
@@ -127,15 +127,15 @@ class Sweep:
         self.meta = self.dir / ".rgt"
         self.meta.mkdir(parents=True)
         (self.dir / "logs").mkdir()
-        shutil.copy(QUEUE, self.meta / "queue.py")
-        shutil.copy(RUNLAYOUT, self.meta / "rgt_runlayout.py")
+        queue = rgt_bundle.build("queue")
+        rl.install_bundle(str(self.meta), queue.files, queue.entry)
+        wrapper = rgt_bundle.build("wrapper")
         self.cells = list(commands)
         for cell, cmd in commands.items():
             paths = self.paths(cell)
             for d in (paths.meta, paths.ckpt, paths.out, paths.logs):
                 os.makedirs(d)
-            shutil.copy(WRAPPER, paths.wrapper)
-            shutil.copy(RUNLAYOUT, os.path.join(paths.meta, "rgt_runlayout.py"))
+            rl.install_bundle(paths.meta, wrapper.files, wrapper.entry)
             self.write_job(cell, cmd)
         self.spec = {"project": PROJECT, "durable_root": self.root, "python": sys.executable, "sweep": SWEEP,
                      "cells": self.cells, "slots": slots, "generation": 1, "poll_s": poll_s}

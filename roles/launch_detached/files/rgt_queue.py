@@ -19,7 +19,8 @@ when nothing runs and nothing is left to start (`ended: true`). A stop signal (T
 without starting anything more (`stopped_by: <signal>`, the cells it left pending); the cells get their own signal
 through their wrappers.
 
-Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the launch copies it there).
+Stdlib only, Python 3.6+. Shipped as the bundle `queue` (module_utils/rgt_bundle): this file as queue.py with
+the module_utils it imports beside it, each import made flat.
 """
 
 import os
@@ -28,13 +29,7 @@ import subprocess
 import sys
 import time
 
-try:  # on the box: the copy next to this file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import rgt_runlayout as rl
-except ImportError:  # in the repo (unit tests)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
-finally:
-    del sys.path[0]
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 
 START_WAIT_S = 15
 MAX_FAILED_TICKS = 60

@@ -18,7 +18,8 @@ As a container's entrypoint (a Kubernetes Job: CONTAINER_ENV=1 in its environmen
 its stdout as the job writes it (what `kubectl logs` shows), and exits with the attempt's outcome (0 finished,
 the job's code when it failed, 128+n when it was stopped or killed) so the pod and the Job end the same way.
 
-Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the role copies it there).
+Stdlib only, Python 3.6+. Shipped as the bundle `wrapper` (module_utils/rgt_bundle): this file as wrapper.py
+with the module_utils it imports beside it, each import made flat.
 """
 
 
@@ -32,13 +33,7 @@ import sys
 import time
 from shlex import quote as shell_quote
 
-try:  # on the box: the copy next to this file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import rgt_runlayout as rl
-except ImportError:  # in the repo (unit tests)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
-finally:
-    del sys.path[0]
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright: rgt contributors
 # SPDX-License-Identifier: Apache-2.0
@@ -10,8 +9,10 @@ durable root.
 
 The params are rgt_closeout's options (durable_root, project, run_id, host, ...). Prints ONE JSON line on stdout:
 the seal's result, or {"failed": true, "msg": ...} with what the closeout returns on failure (quarantine, reason);
-exit 0 or 1. Stdlib only, Python 3.6+. Imports rgt_seal and its siblings from its own directory (the ConfigMap
-delivers them there), else from the collection (in the repo).
+exit 0 or 1. Stdlib only, Python 3.6+. Shipped as the bundle `k8s_seal` (module_utils/rgt_bundle): this file and
+the module_utils it imports, flat, in the seal pod's ConfigMap. That directory holds the checkpoint loader too
+(rgt_manifest.py run as a script, the bundle `ckpt_loader`): a checkpoint whose load check needs another
+interpreter than this one (loader_python) runs it from there.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -21,16 +22,11 @@ import os
 import sys
 import traceback
 
-PARAMS_ENV = "RGT_SEAL_PARAMS"
+sys.dont_write_bytecode = True  # the ConfigMap mount is read-only: no __pycache__ for the module_utils below
 
-sys.dont_write_bytecode = True  # the ConfigMap mount is read-only
-try:  # in the seal pod: the copies next to this file
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import rgt_seal
-except ImportError:  # in the repo (unit tests)
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_seal
-finally:
-    del sys.path[0]
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest, rgt_seal
+
+PARAMS_ENV = "RGT_SEAL_PARAMS"
 
 
 def load_params(argv):
@@ -51,6 +47,7 @@ def load_params(argv):
 def main(argv):
     try:
         params = load_params(argv)
+        params.setdefault("loader", rgt_manifest.__file__)  # the checkpoint loader, beside this file
         doc = rgt_seal.seal(params)
     except rgt_seal.SealError as exc:
         doc = dict(exc.result, failed=True, msg=exc.msg)

@@ -1,3 +1,6 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
 """rgt stage of a Kubernetes run: the Job's init container, run at every start of its pod.
 
 Usage: <python> /rgt-stage/rgt_k8s_stage.py <run_dir>
@@ -13,14 +16,16 @@ file, and the durable claim at the durable root. This script makes <run_dir> wha
   from the tarball, so it names the same code the upload would; job.json's code_dir must be that dir. Only plain
   files and dirs with safe relative names are accepted: an absolute name, '..', a symlink, a hard link or a
   device refuses the whole tarball;
-- .rgt/wrapper.py (0755), .rgt/rgt_runlayout.py (0644) and, last, .rgt/job.json (0600), each written atomically
-  (tmp + fsync + rename) and only when its bytes differ. Without code.tar.gz the code is in the image: job.json's
-  code_dir (rgt_job.k8s.workdir) must be a directory there.
+- the wrapper bundle (module_utils/rgt_bundle `wrapper`: .rgt/wrapper.py, 0755, and the module_utils it imports,
+  0644; WRAPPER_BUNDLE lists its files) and, last, .rgt/job.json (0600), each written atomically (tmp + fsync +
+  rename) and only when its bytes differ (rgt_runlayout.install_bundle). Without code.tar.gz the code is in the
+  image: job.json's code_dir (rgt_job.k8s.workdir) must be a directory there.
 
 Idempotent: the Job controller may start a new pod after an eviction, and a second run changes nothing. Exit 0
 when staged, 1 with one line on stderr when not (the pod then fails before the wrapper starts).
 
-Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the ConfigMap holds it).
+Stdlib only, Python 3.6+. Shipped as the bundle `k8s_stage` (this file and the module_utils it imports, flat) in
+the same ConfigMap as the wrapper bundle.
 """
 
 import hashlib
@@ -32,18 +37,15 @@ import tarfile
 import tempfile
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    import rgt_runlayout as rl
-finally:
-    del sys.path[0]
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 
 STAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 CODE_TARBALL = "code.tar.gz"
 RECORD_PREFIX = "k8s."  # k8s.<file>: a manifest the run was applied from, kept as <run_dir>/.rgt/k8s/<file>
-# (file in the ConfigMap, path under <run_dir>/.rgt, mode); job.json last: it names the code dir staged before it
-INSTALLS = (("wrapper.py", "wrapper.py", 0o755), ("rgt_runlayout.py", "rgt_runlayout.py", 0o644),
-            ("job.json", "job.json", 0o600))
+# the ConfigMap's listing of the wrapper bundle ({name, entry, digest, files: [file, ...]}; the files are keys of
+# the same ConfigMap), installed into <run_dir>/.rgt/; then job.json, last: it names the code dir staged before it
+WRAPPER_BUNDLE = "wrapper.bundle.json"
+JOB_JSON = "job.json"
 
 
 class StageError(Exception):
@@ -139,6 +141,16 @@ def stage_code(paths, tarball):
     return target, True
 
 
+def install_wrapper(paths, stage_dir):
+    """The wrapper bundle the ConfigMap lists (WRAPPER_BUNDLE) into <run_dir>/.rgt/: [(file, changed)]."""
+    try:
+        listing = json.loads(read_bytes(os.path.join(stage_dir, WRAPPER_BUNDLE)).decode("utf-8"))
+        files = dict((name, read_bytes(os.path.join(stage_dir, name))) for name in listing["files"])
+        return rl.install_bundle(paths.meta, files, listing["entry"])
+    except (IOError, OSError, ValueError, KeyError, TypeError) as exc:
+        raise StageError("the stage has no usable wrapper bundle (%s): %s" % (WRAPPER_BUNDLE, exc)) from exc
+
+
 def stage(run_dir, stage_dir=STAGE_DIR):
     """Stage <run_dir> from the files in `stage_dir`; the lines to print. StageError when it cannot."""
     run_dir = run_dir.rstrip("/")
@@ -168,13 +180,10 @@ def stage(run_dir, stage_dir=STAGE_DIR):
     elif not job.get("code_dir") or not os.path.isdir(job["code_dir"]):
         raise StageError("the code is in the image, and its dir %r (rgt_job.k8s.workdir) is not a directory there"
                          % job.get("code_dir"))
-    for name, target, mode in INSTALLS:
-        try:
-            data = read_bytes(os.path.join(stage_dir, name))
-        except (IOError, OSError) as exc:
-            raise StageError("the stage has no %s: %s" % (name, exc)) from exc
-        changed = rl.install(os.path.join(paths.meta, target), data, mode)
-        lines.append("%s .rgt/%s" % ("installed" if changed else "kept", target))
+    for name, changed in install_wrapper(paths, stage_dir):
+        lines.append("%s .rgt/%s" % ("installed" if changed else "kept", name))
+    changed = rl.install(paths.job, read_bytes(os.path.join(stage_dir, JOB_JSON)), 0o600)
+    lines.append("%s .rgt/%s" % ("installed" if changed else "kept", JOB_JSON))
     records = sorted(n for n in os.listdir(stage_dir) if n.startswith(RECORD_PREFIX) and len(n) > len(RECORD_PREFIX))
     if records and not os.path.isdir(os.path.join(paths.meta, "k8s")):
         os.makedirs(os.path.join(paths.meta, "k8s"))

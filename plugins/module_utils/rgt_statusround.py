@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
+"""The box side of the runner's status round (runner/rgt/sshround.py): the `__main__.py` of the status zipapp
+(module_utils/rgt_bundle, bundle ``status``), run as ``python3 <cache>/status-<hash>/__main__.py`` with one line
+of JSON arguments on stdin (never in argv).
+
+- ``op: status`` (the default): ``{"status": <rgt_statusdoc.status_document>}``, the monitor module's document.
+- ``op: roster``: ``{"roster": <rgt_sweep.box_roster>}``, this box's roster of a sweep.
+- ``op: log``: rgt_logread.stream: a header line, then the log's bytes (``rgt-run logs``).
+
+A ValueError from the arguments is ``{"failed": true, "msg": ...}`` and exit 1. Python 3.6+, stdlib only.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import sys
+
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_statusdoc, rgt_sweep
+
+
+def main():
+    params = json.loads(sys.stdin.readline() or "{}")
+    op = params.pop("op", "status")
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else sys.stdout
+    try:
+        if op == "log":
+            rgt_logread.stream(params, out)
+            return 0
+        if op == "roster":
+            doc = {"roster": rgt_sweep.box_roster(params)}
+        else:
+            doc = {"status": rgt_statusdoc.status_document(params)}
+    except ValueError as exc:
+        doc = {"failed": True, "msg": str(exc)}
+    except KeyboardInterrupt:
+        return 130
+    out.write((json.dumps(doc, default=str) + "\n").encode("utf-8"))
+    out.flush()
+    return 1 if doc.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
