@@ -42,7 +42,8 @@ EXAMPLES = r"""
 RETURN = r"""
 _raw:
   description:
-    - One bundle per name - C(name), C(entry) (the file to run), C(digest) (content hash), C(files) (each file name in the bundle mapped to its source).
+    - One bundle per name - C(name), C(entry) (the file to run), C(digest) (content hash),
+      C(files) (each file name in the bundle mapped to its source).
   type: list
   elements: dict
 """

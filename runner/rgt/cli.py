@@ -8,124 +8,43 @@ The command line: one argparse subparser per subcommand (COMMANDS, the one dispa
 shared options (SHARED_OPTIONS, one definition, handed in as a parent parser). A first word that is no subcommand
 but names a playbook (`playbooks/train.yml`, `train.yml`, any playbook file) runs that playbook: the phases
 smoke, probe, env_check and train are subcommands too, so both spellings parse alike.
+This module parses and dispatches only (argparse, the command table, completion, main()): a command's input is
+prepared by rgt.prepare and its work done in its own module (rgt.play runs a playbook); nothing below the CLI
+imports it (the layers: rgt.layers).
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import json
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 
-from rgt import confirmation, errors, jobspec, k8s, memory, output, paths, profiles, sweeps
+from rgt import (
+    errors,
+    init,
+    lifecycle,
+    logs,
+    output,
+    paths,
+    pin,
+    play,
+    profiles,
+    pull,
+    retry,
+    runreport,
+    runs,
+    status,
+    teardown,
+)
 from rgt.errors import InputError, RgtError
-from rgt.inventory import check_pins, load_hosts, missing_secrets, validate_job
-from rgt.ledger import ledger_dir
-
-MAX_VARS_FILE_BYTES = 8 << 20
-MAX_VARS_NODES = 200_000  # after expanding YAML aliases: a job spec is a few hundred values
-SECRET_PLAYBOOKS = ("train", "env_check")  # the playbooks that deliver rgt_job.secrets to the box
-
-
-def _expanded_nodes(doc: object, where: str) -> int:
-    """How many values `doc` holds once every YAML alias is expanded, refusing past MAX_VARS_NODES (an alias
-    bomb is a few lines of YAML that expand to billions of values) and refusing a recursive alias."""
-    memo: dict[int, int] = {}
-    active: set[int] = set()
-
-    def size(node: object) -> int:
-        if not isinstance(node, (dict, list)):
-            return 1
-        key = id(node)
-        if key in memo:
-            return memo[key]
-        if key in active:
-            raise InputError(f"{where} holds a recursive YAML alias", fix="write the values out instead of "
-                             "referring to an enclosing anchor", field="-e")
-        active.add(key)
-        total = 1
-        for item in (node.items() if isinstance(node, dict) else node):
-            total += size(item[0]) + size(item[1]) if isinstance(node, dict) else size(item)
-            if total > MAX_VARS_NODES:
-                raise InputError(f"{where} expands to more than {MAX_VARS_NODES} values (YAML aliases that "
-                                 "multiply): refused", fix="write the job spec without nested aliases", field="-e")
-        active.discard(key)
-        memo[key] = total
-        return total
-
-    return size(doc)
-
-
-def _load_vars_file(path: Path) -> object:
-    where = f"extra vars file '{path}'"
-    if not path.is_file():
-        raise InputError(f"{where} does not exist" if not path.exists() else f"{where} is not a file",
-                         fix="check the path after -e @", field="-e")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_VARS_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"{where} cannot be read: {exc.strerror}", fix="check its permissions", field="-e") from exc
-    if len(raw) > MAX_VARS_FILE_BYTES:
-        raise InputError(f"{where} is larger than {MAX_VARS_FILE_BYTES >> 20} MiB", fix="a job spec is a few KB: "
-                         "keep data in data_dir, not in the spec", field="-e")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise InputError(f"{where} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})",
-                         fix="save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)", field="-e") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{where} is not valid YAML: {exc}", fix="fix the YAML syntax", field="-e") from exc
-    _expanded_nodes(doc, where)
-    return {} if doc is None else doc
-
-
-def parse_extravars(values: list[str], origins: dict[str, str] | None = None) -> dict:
-    """`-e` the way ansible-playbook reads it: @file (YAML/JSON), inline YAML/JSON mapping, or k=v pairs.
-    `origins` (when given) gets, per variable, where it came from (`-e @path` or `-e on the command line`)."""
-    out: dict = {}
-    for raw in values or []:
-        if raw.startswith("@"):
-            doc = _load_vars_file(Path(raw[1:]))
-            origin = f"-e {raw}"
-        elif raw.lstrip().startswith("{"):
-            try:
-                doc = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                raise InputError(f"-e {raw!r} is not valid YAML/JSON", fix="quote it as JSON", field="-e") from exc
-            _expanded_nodes(doc, f"-e {raw[:40]!r}")
-            origin = "-e on the command line"
-        else:
-            doc = {}
-            try:
-                pairs = shlex.split(raw)
-            except ValueError as exc:
-                raise InputError(f"-e {raw!r}: {exc}", fix="close the quote", field="-e") from exc
-            for pair in pairs:
-                if "=" not in pair:
-                    raise InputError(f"-e {pair!r} is not key=value", fix="use -e key=value or -e @file.yml",
-                                     field="-e")
-                key, value = pair.split("=", 1)
-                doc[key] = value
-            origin = "-e on the command line"
-        if not isinstance(doc, dict):
-            raise InputError(f"-e {raw!r} does not hold a mapping", fix="give key: value pairs", field="-e")
-        out.update(doc)
-        if origins is not None:
-            origins.update((str(k), origin) for k in doc)
-    return out
-
+from rgt.prepare import playbook_names, unknown_command
 
 # ---------------------------------------------------------------- the command line
 
@@ -196,18 +115,6 @@ class Command:
     playbook: bool = False  # a playbook of the collection run as a subcommand
 
 
-PROFILES_HELP = "list the platforms rgt knows, or show one platform's facts (`profiles show NAME`)"
-PROFILES_DESCRIPTION = """\
-List the platforms rgt knows (SSH user and port, where data survives a stop, how the meter stops, what keeps
-billing), or show everything known about one of them: `rgt-run profiles show runpod`. The profile name goes into
-your inventory as rgt_profile."""
-
-
-def _add_profiles_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", choices=["list", "show"], default="list", help="list (default) or show")
-    p.add_argument("name", nargs="?", metavar="NAME", help="the platform to show").completer = complete_profiles
-
-
 PLAYBOOK_COMMANDS = {
     "smoke": ("run your job's smoke command on this machine's CPU (no box, nothing billed)", """\
 Run the smoke command of your job spec (rgt_job.smoke_command) once on this machine's CPU, from your code
@@ -232,18 +139,16 @@ it again while the run is live changes nothing and says so. Follow it with `rgt-
 
 def commands() -> dict[str, Command]:
     """The dispatch table, in the order `rgt-run` lists it."""
-    from rgt import init, lifecycle, logs, pin, pull, retry, runreport, runs, status, teardown
-
     table = [
         Command("init", init.HELP, init.__doc__ or init.HELP, init.run, OUTPUT_ONLY, init.add_arguments),
-        Command("profiles", PROFILES_HELP, PROFILES_DESCRIPTION, cmd_profiles, OUTPUT_ONLY,
-                _add_profiles_arguments),
+        Command("profiles", profiles.HELP, profiles.DESCRIPTION, profiles.cmd_profiles, OUTPUT_ONLY,
+                profiles.add_arguments),
         Command("pin", pin.HELP, pin.DESCRIPTION, pin.cmd_pin, ("inventory", "limit", *OUTPUT_ONLY),
                 pin.add_arguments),
     ]
     for name, (one_line, description, overrides) in PLAYBOOK_COMMANDS.items():
         check = PLAN_HELP if name == "train" else CHECK_MODE_HELP
-        table.append(Command(name, one_line, description, cmd_playbook, ALL_SHARED, _playbook_options(check),
+        table.append(Command(name, one_line, description, play.cmd_playbook, ALL_SHARED, _playbook_options(check),
                              overrides, PLAYBOOK_EPILOG.format(name=name), playbook=True))
     table += [
         Command("status", status.STATUS_HELP, status.STATUS_DESCRIPTION, status.run_status),
@@ -264,18 +169,14 @@ def commands() -> dict[str, Command]:
     return {c.name: c for c in table}
 
 
-def _playbook_names() -> list[str]:
-    return sorted(p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml"))
-
-
 def _subparser(sub, command: Command) -> argparse.ArgumentParser:
     p = sub.add_parser(command.name, help=command.help, description=command.description, epilog=command.epilog,
                        parents=[_shared(command.shared, **command.overrides)],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     if command.add_arguments:
         command.add_arguments(p)
-    for action in p._actions:
-        if action.dest == "profile":  # `init --profile NAME`
+    for action in p._actions:  # `init --profile NAME`, `profiles show NAME`
+        if action.dest == "profile" or (command.name == "profiles" and action.dest == "name"):
             action.completer = complete_profiles  # type: ignore[attr-defined]
     return p
 
@@ -295,7 +196,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = errors.ArgumentParser(prog="rgt-run", description=TOP_DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="A playbook name or path works as a command too: rgt-run playbooks/train.yml "
-                                     "-i INVENTORY (playbooks: " + ", ".join(_playbook_names()) + ").\n"
+                                     "-i INVENTORY (playbooks: " + ", ".join(playbook_names()) + ").\n"
                                      "`rgt-run COMMAND --help` tells more about each command.")
     p.add_argument("--version", action="version", version=f"rgt-run {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -317,14 +218,12 @@ def playbook_parser(prog: str = "rgt-run PLAYBOOK") -> argparse.ArgumentParser:
 
 def version() -> str:
     """The installed distribution's version; in a checkout that was never installed, pyproject.toml's."""
-    from importlib import metadata
-
     try:
         return metadata.version("rgt")
     except metadata.PackageNotFoundError:
         pass
     try:
-        import tomllib
+        import tomllib  # 2 ms of every start; only --version in a checkout that was never installed reads it
 
         return str(tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]["version"])
     except (OSError, KeyError, ValueError):
@@ -338,7 +237,7 @@ def listing(table: dict[str, Command] | None = None) -> str:
     lines = ["usage: rgt-run COMMAND [options]   (rgt-run COMMAND --help tells more)", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {c.help}" for name, c in table.items()]
     lines += ["", "or a playbook name or path: rgt-run playbooks/train.yml -i INVENTORY (playbooks: "
-              + ", ".join(_playbook_names()) + ")"]
+              + ", ".join(playbook_names()) + ")"]
     return "\n".join(lines)
 
 
@@ -346,9 +245,7 @@ def listing(table: dict[str, Command] | None = None) -> str:
 
 def complete_profiles(prefix: str = "", **_kwargs) -> list[str]:
     try:
-        from rgt.profiles import profile_names
-
-        return [name for name in profile_names() if name.startswith(prefix)]
+        return [name for name in profiles.profile_names() if name.startswith(prefix)]
     except Exception:  # noqa: BLE001 - a completer never fails loudly
         return []
 
@@ -429,45 +326,10 @@ def complete_hosts(prefix: str = "", parsed_args: argparse.Namespace | None = No
         return []
 
 
-# ---------------------------------------------------------------- commands
-
-def emit(doc: dict, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
-        sys.stdout.flush()
-
-
-def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
-    from rgt import profiles
-
-    if args.action == "list":
-        if args.name:
-            raise InputError(f"`rgt-run profiles list` takes no name (got {args.name!r})",
-                             fix=f"rgt-run profiles show {args.name}", field="name")
-        items = profiles.list_profiles()
-        profiles.render_list(output.results(args.json))
-        emit({"command": "profiles", "profiles": [profiles.profile_as_json(x) for x in items]}, args.json)
-        return errors.OK
-    if not args.name:
-        raise InputError("`rgt-run profiles show` needs a profile name", fix="rgt-run profiles show runpod",
-                         field="name")
-    try:
-        prof = profiles.load_profile(args.name)
-    except profiles.ProfileError as exc:
-        raise InputError(str(exc), fix=exc.fix, field=exc.field) from exc
-    profiles.render_show(output.results(args.json), prof)
-    emit({"command": "profiles show", "profile": profiles.profile_as_json(prof)}, args.json)
-    return errors.OK
-
+# ---------------------------------------------------------------- dispatch
 
 def _unknown_command(name: str) -> InputError:
-    names = _playbook_names()
-    subcommands = list(commands())
-    close = difflib.get_close_matches(name, [*subcommands, *names], n=1)
-    hint = f"did you mean `{close[0]}`? " if close else ""
-    return InputError(f"unknown command or playbook '{name}'",
-                      fix=f"{hint}subcommands: {', '.join(subcommands)}; playbooks: {', '.join(names)} "
-                          "(or a path to a playbook file)", field="command")
+    return unknown_command(name, list(commands()))
 
 
 def dispatch(argv: list[str], console: Console, parser: argparse.ArgumentParser | None = None) -> int:
@@ -507,7 +369,7 @@ def dispatch(argv: list[str], console: Console, parser: argparse.ArgumentParser 
         args.playbook = playbook
         if args.inventory is None:  # smoke: runs on this machine, the built-in local inventory carries it
             args.inventory = str(LOCAL_INVENTORY)
-        return cmd_playbook(args, console)
+        return play.cmd_playbook(args, console)
     return command.run(args, console)
 
 
@@ -527,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = None
         if "_ARGCOMPLETE" in os.environ:  # a shell completing: the whole parser, then argcomplete exits
-            import argcomplete
+            import argcomplete  # only a shell completing needs it (3 ms of every other start)
 
             parser = build_parser()
             argcomplete.autocomplete(parser)
@@ -536,136 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]error:[/red] {exc.message}")
         if exc.fix:
             console.print(f"  fix: {exc.fix}")
-        emit({"command": argv[0] if argv else "", **exc.as_dict()}, as_json)
+        output.emit({"command": argv[0] if argv else "", **exc.as_dict()}, as_json)
         return exc.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: nothing on the box was stopped; run the same command again "
                       "to resume")
         return errors.INTERRUPTED
-
-
-def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False, choose: memory.Chooser | None = None):
-    """Everything that can reject input, done before any host is touched (a launch only reads, over the status
-    round, the boxes' own roster of a sweep the ledger lost). `plan`: for train -C (a sweep's roster is shown, not
-    kept). `choose`: for a launching play given no job spec, which remembered launch unit each host launches
-    (rgt.memory.recall; default its newest)."""
-    origins: dict[str, str] = {}
-    extravars = parse_extravars(args.extra_vars, origins)
-    for name in confirmation.confirm_vars():  # every variable a role reads as a meter stop's confirmation
-        if name in extravars:
-            raise InputError(f"{name} was given with {origins[name]}: through rgt-run a teardown confirmation "
-                             "comes only from the person at the command", fix="pass --confirm <instance-id> to "
-                             "`rgt-run teardown`, or type the id at its prompt (ansible-playbook, without rgt-run, "
-                             "takes -e teardown_confirm=<instance-id>)", field=name)
-    if "rgt_job" in extravars:
-        if not isinstance(extravars["rgt_job"], dict):
-            raise InputError("rgt_job must be a mapping", fix="pass -e @job.yml with `rgt_job:` at the top",
-                             field="rgt_job")
-        extravars["rgt_job"] = jobspec.with_notify_on(extravars["rgt_job"])  # an unquoted `on:` (YAML true)
-        # relative local paths follow the file they were written in (`-e @job.yml`), else the current directory
-        base = jobspec.origin_dir(origins.get("rgt_job"))
-        validate_job(extravars["rgt_job"], f"rgt_job ({origins.get('rgt_job', 'extra vars')})", base)
-        extravars["rgt_job"] = jobspec.resolve_paths(extravars["rgt_job"], base)
-    try:
-        playbook = paths.resolve_playbook(args.playbook)
-    except FileNotFoundError:
-        raise _unknown_command(args.playbook) from None
-    if playbook != paths.PLAYBOOKS_DIR / "teardown.yml":
-        role = confirmation.carried_role(playbook)
-        if role:  # a copy of teardown.yml, or the user's own play: only `rgt-run teardown` plans and asks
-            raise InputError(f"playbook '{args.playbook}' runs the role {role}, which stops a meter: through rgt-run "
-                             "a meter stop goes only through `rgt-run teardown` (the plan of every run on the box, "
-                             "then your confirmation)", fix=f"rgt-run teardown -i {args.inventory} (add --confirm "
-                             "<instance-id> where no one can type it); to run your own play, use ansible-playbook, "
-                             "where the role takes -e teardown_confirm=<instance-id>", field="playbook")
-    hosts = load_hosts(args.inventory, args.limit, extravars)
-    ledger = ledger_dir(getattr(args, "ledger", None), make=False)  # read here; made by what writes to it
-    if playbook.stem in (*memory.RECALLING_PLAYBOOKS, *memory.LAUNCHING_PLAYBOOKS):
-        memory.check_records(ledger, hosts)  # a damaged record of runs is named now, never overwritten later
-    if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
-        # every run the ledger knows on each host without a job spec (a launch: the unit `choose` picks)
-        memory.recall(ledger, hosts, launching=playbook.stem in memory.LAUNCHING_PLAYBOOKS, choose=choose)
-    swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
-                           look=_box_rosters(args, extravars)
-                           if pins and playbook.stem in memory.LAUNCHING_PLAYBOOKS else None)
-    # a detach primitive not built yet: refused before any box
-    profiles.check_launch(playbook.stem, hosts)
-    if not plan:  # rsync, ssh, kubectl: a missing one is named now, not as a play's failure on the box
-        from rgt.phases import check_controller_tools
-
-        check_controller_tools(playbook.stem, hosts)
-    # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
-    ssh_hosts = [h for h in hosts if not k8s.is_k8s(h.profile)]
-    if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)
-                                            and h.vars["rgt_job"].get("smoke_command") for h in hosts):
-        raise InputError("there is nothing to smoke: the job spec has no smoke_command",
-                         fix="set rgt_job.smoke_command to one or two batches of the training command on CPU "
-                             "(e.g. `python train.py --steps 2`)", field="rgt_job.smoke_command")
-    # an inventory's job: its relative paths follow the inventory file that wrote it (the roles read this)
-    extravars["rgt_job_base_dirs"] = {h.name: str(h.job_base) for h in hosts if h.job_base}
-    if playbook.stem in SECRET_PLAYBOOKS:
-        missing = missing_secrets(ssh_hosts)
-        if missing:
-            listed = "; ".join(f"{name} (for {', '.join(on)})" for name, on in sorted(missing.items()))
-            raise InputError(f"secret variable(s) not set in this environment: {listed}",
-                             fix="export " + " ".join(f"{name}=..." for name in sorted(missing)) + " in this shell "
-                                 "(rgt reads each secret by name and never stores it), or remove it from "
-                                 "rgt_job.secrets", field="rgt_job.secrets")
-    if pins:
-        check_pins(args.inventory, ssh_hosts)
-    if playbook.stem == "train" and not plan and not getattr(args, "check", False):
-        for item in swept:  # the roster is kept before the play: a cell keeps its host from here on
-            sweeps.record(ledger, item)
-    return playbook, hosts, extravars
-
-
-def _box_rosters(args: argparse.Namespace, extravars: dict) -> sweeps.BoxLook:
-    """How a launch reads the boxes' own roster of a sweep the ledger keeps none of: over the status round, after
-    the hosts' pins are checked (read-only)."""
-    def look(hosts: list, project: str, name: str) -> dict:
-        from rgt import sshround
-
-        boxes = [h for h in hosts if not k8s.is_k8s(h.profile)]
-        check_pins(args.inventory, boxes)
-        return sshround.roster_round(args.inventory, boxes, extravars, project, name)
-    return look
-
-
-def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
-    from rgt import k8s_run, report
-    from rgt.phases import PhaseResult, new_ident, run_playbook
-
-    resolved = paths.resolve_playbook(args.playbook) if args.playbook else None
-    if (args.check and resolved == paths.PLAYBOOKS_DIR / "train.yml" and not args.tags and not args.skip_tags):
-        from rgt import plan
-
-        return plan.cmd_plan(args, console)  # -C on train: the plan per host, no box contacted
-    smoke_only = resolved is not None and resolved.stem == "smoke"
-    playbook, hosts, extravars = prepare(args, pins=not smoke_only)
-    # a Kubernetes host's run is a Job the engine applies from here; its manifests are validated before any host
-    # (box or cluster) is touched
-    on_cluster, on_boxes = k8s_run.split(hosts)
-    k8s_run.refuse_play(playbook.stem, on_cluster)
-    planned = k8s_run.plan_launch(on_cluster) if on_cluster else {}
-    ledger = ledger_dir(args.ledger)
-    if not smoke_only:
-        report.first_contact(console, ledger, hosts)
-    console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "
-                  + ", ".join(f"{h.name} ({h.vars['rgt_profile']})" for h in hosts))
-    if on_boxes or not on_cluster:
-        result = run_playbook(playbook, args.inventory, on_boxes, ledger=ledger, console=console,
-                              extravars=extravars, limit=",".join(h.name for h in on_boxes) if on_cluster
-                              else args.limit, tags=args.tags, skip_tags=args.skip_tags, check=args.check,
-                              verbosity=args.verbose)
-    else:
-        shown = playbook.relative_to(paths.REPO_ROOT) if playbook.is_relative_to(paths.REPO_ROOT) else playbook
-        result = PhaseResult(playbook=str(shown), ident=new_ident(playbook), rc=0, status="successful")
-    if planned and not args.check:
-        result.hosts.update(k8s_run.start_k8s_job(planned, console))
-        memory.remember_launches(ledger, on_cluster, result)
-    doc = report.summarize(console, result, hosts, ledger, args.inventory)
-    emit(doc, args.json)
-    return doc["exit_code"]
 
 
 if __name__ == "__main__":

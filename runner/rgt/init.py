@@ -11,13 +11,12 @@ file exists, nothing is written and it says which. Then it prints the next steps
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path, PurePosixPath
 
 import yaml
 from rich.console import Console
 
-from rgt import errors, k8s
+from rgt import errors, k8s, output, profiles
 from rgt.errors import InputError
 from rgt.ledger import atomic_write_bytes
 
@@ -157,8 +156,6 @@ def next_steps(profile: dict, inv: Path, job: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from rgt import profiles
-
     try:
         profile = profiles.load_profile(args.profile)
     except profiles.ProfileError as exc:
@@ -183,7 +180,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"note: the code dir ships what {root / '.gitignore'} does not ignore: add runs/ and "
                       "inventory/ to it (or write a .rgtignore)")
     console.print("next: " + "\n      ".join(steps))
-    if getattr(args, "json", False):
-        print(json.dumps({"command": "init", "profile": profile["name"], "files": [str(p) for p in targets],
-                          "next": steps, "exit_code": errors.OK}))
+    output.emit({"command": "init", "profile": profile["name"], "files": [str(p) for p in targets], "next": steps,
+                 "exit_code": errors.OK}, getattr(args, "json", False))
     return errors.OK

@@ -10,14 +10,16 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jsonschema
+from ansible.release import __version__ as ansible_version
 from referencing import Registry, Resource
 
 from rgt import confirmation, jobspec, paths
-from rgt.errors import InputError
+from rgt.errors import InputError, RgtError
 from rgt.ledger import cache_path, cache_put
 from rgt.profiles import ProfileError, load_profile, profile_names
 
@@ -261,8 +263,6 @@ def _static(inv: Path) -> bool:
 
 
 def _cache_file(key: tuple) -> Path:
-    from ansible.release import __version__ as ansible_version
-
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith("ANSIBLE_"))
     digest = hashlib.sha256(json.dumps([key, ansible_version, env], default=str).encode()).hexdigest()[:32]
     return cache_path("inventory", f"{digest}.json")
@@ -433,10 +433,6 @@ def render_vars(inventory: str, limit: str | None, extravars: dict, names: list[
     connection to any box (no facts are gathered), so it works on a box that is down. Nothing is left behind but
     for a moment a scratch directory under $TMPDIR (the extra vars file, 0600). A host whose template does not
     render is an InputError naming it."""
-    import tempfile
-
-    from rgt.errors import RgtError
-
     with tempfile.TemporaryDirectory(prefix="rgt-render-") as scratch:
         vars_file = Path(scratch) / "vars.json"
         fd = os.open(vars_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -82,7 +82,7 @@ def is_k8s(profile: dict) -> bool:
 
 
 def _validator():
-    try:
+    try:  # an optional dependency (the k8s extra): its absence is named here, where manifests are validated
         import kubernetes_validate
         from kubernetes_validate import utils
     except ImportError as exc:

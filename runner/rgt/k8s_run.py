@@ -20,12 +20,20 @@ The cluster is reached with the host's `rgt_kubeconfig` (a path; else $KUBECONFI
 
 from __future__ import annotations
 
+import base64
+import copy
+import hashlib
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-from rgt import k8s, paths
-from rgt.errors import InputError
+from rgt import jobspec, k8s, k8s_engine, memory, paths
+from rgt.errors import InputError, RgtError
+from rgt.events import HostOutcome
+from rgt.ledger import atomic_write_json
+from rgt.phases import PhaseResult
+from rgt.profiles import verb_plan
 
 # the playbooks a kubernetes host runs through the engine (the others need a box to SSH into)
 PLAYBOOKS = ("train", "launch_detached")
@@ -34,6 +42,7 @@ PLAYBOOKS = ("train", "launch_detached")
 RELAUNCHED = ("preempted",)
 
 _layout = paths.module_util("rgt_runlayout")
+_gate = paths.module_util("rgt_gate")  # the teardown gate's rules, the same file the rgt_teardown module runs
 
 
 def is_k8s(host) -> bool:
@@ -79,8 +88,6 @@ class Target:
         return k8s.lib().claim_name(self.job, self.run_paths.project)
 
     def kubectl(self):
-        from rgt import k8s_engine
-
         return k8s_engine.Kubectl(self.kubeconfig, self.context, self.namespace)
 
 
@@ -121,8 +128,6 @@ def target(host) -> Target:
 
 def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
     """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2)."""
-    from rgt import jobspec
-
     out = {}
     for host in hosts:
         tgt = target(host)
@@ -141,10 +146,6 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bo
     `new_code`, as `train` does on a box, its staging ConfigMap too, so the new pod runs the code and job.json of
     this spec; watch's relaunch keeps the old ones). {host: HostOutcome} with a `launch_detached_report` like a
     box's launch (state, action, attempt, detach) plus the Job, its namespace and what was created."""
-    from rgt import k8s_engine
-    from rgt.errors import RgtError
-    from rgt.events import HostOutcome
-
     outcomes = {}
     for name, (tgt, manifests) in planned.items():
         out = HostOutcome()
@@ -190,9 +191,6 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bo
 def relaunch(hosts: list, console, ledger: Path) -> int:
     """watch's auto_resume on kubernetes hosts: their Jobs again (a preempted one is replaced), remembered in the
     ledger; the exit code of the launch."""
-    from rgt import memory
-    from rgt.phases import PhaseResult
-
     result = PhaseResult(playbook="kubernetes relaunch", ident="relaunch", rc=0, status="successful",
                          hosts=start_k8s_job(plan_launch(hosts), console, new_code=False))
     memory.remember_launches(ledger, hosts, result)
@@ -202,10 +200,7 @@ def relaunch(hosts: list, console, ledger: Path) -> int:
 # ---------------------------------------------------------------- status
 
 def status_doc(host, now: float) -> dict:
-    """A kubernetes host's status document (the shapes of rgt.status.seen_doc / round_doc)."""
-    from rgt import k8s_engine
-    from rgt.errors import RgtError
-
+    """A kubernetes host's status document (the shapes of rgt.observe.seen_doc / round_doc)."""
     if not isinstance(host.vars.get("rgt_job"), dict):
         return {"host": host.name, "state": "not_started", "detach": k8s.primitive(host.profile),
                 "error": "no run launched on this host from this ledger"}
@@ -226,8 +221,6 @@ def status_doc(host, now: float) -> dict:
 
 def logs_argv(host, run: str | None, tail: int | None, follow: bool) -> list[str]:
     """argv of `kubectl logs job/NAME -c job` for the host's run (or `run`, a run id of its project)."""
-    from rgt import k8s_engine
-
     tgt = target(host)
     if run is not None:
         tgt.run_paths = _layout.RunPaths(tgt.run_paths.durable_root, tgt.run_paths.project, run)
@@ -240,11 +233,6 @@ def pull(hosts: list, runs: Path, verify_only: bool, console):
     """`rgt-run pull` on kubernetes hosts: each run sealed on the claim by a seal pod, copied off through a helper
     pod and verified here into the SSH pull's layout (k8s_engine.pull). A PhaseResult whose hosts carry a
     `collect_report` like the collect role's, so rgt.pull prints and judges them the same way."""
-    from rgt import k8s_engine
-    from rgt.errors import RgtError
-    from rgt.events import HostOutcome
-    from rgt.phases import PhaseResult
-
     result = PhaseResult(playbook="kubernetes pull", ident="pull", rc=0, status="successful")
     for host in hosts:
         out = HostOutcome()
@@ -285,8 +273,6 @@ CLAIM_NOTE = ("a Kubernetes claim is not listed from here: the runs are the Jobs
 
 def _with_run(host, run: dict):
     """The host as it was when `run` (a remembered run, rgt.memory) was launched."""
-    import copy
-
     other = copy.copy(host)
     other.vars = {**host.vars, "rgt_job": run["job"]}
     return other
@@ -294,9 +280,6 @@ def _with_run(host, run: dict):
 
 def _export(runs: Path, run_id: str, host: str) -> dict:
     """What the gate knows of a run's export: the manifest a verified pull brought here (the claim is not read)."""
-    import base64
-    import hashlib
-
     path = Path(runs) / run_id / f"{host}.manifest.json"
     try:
         raw = path.read_bytes()
@@ -321,10 +304,6 @@ def _mount(profile: dict, rows: list[dict]) -> dict | None:
 def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
     """The teardown plan of a kubernetes instance (rgt.teardown.assess's shape): every Job rgt launched for its
     hosts, looked at with kubectl, judged by the same gate (rgt_gate.evaluate) as a box's runs."""
-    from rgt import k8s_engine, memory
-    from rgt.errors import RgtError
-    from rgt.teardown import _gate, verb_plan
-
     item = verb_plan(inst)
     item.update(status=None, gate=None, reasons=[], k8s_jobs=[])
     rows, roots = [], []
@@ -361,12 +340,6 @@ def tear_down(inst, item: dict, ledger: Path, runs: Path, manifest_lib) -> dict:
     """After the person confirmed the instance: look at its Jobs again and re-check the gate (a Job may have been
     relaunched while the plan waited for the answer), then delete the Jobs (foreground: their pods first; the claim
     is kept). The outcome in rgt.teardown._outcome's shape; the record in <ledger>/teardown/<host>.json (atomic)."""
-    from datetime import UTC, datetime
-
-    from rgt import k8s_engine
-    from rgt.errors import RgtError
-    from rgt.ledger import atomic_write_json
-
     ran = inst.names[0]
     again = assess(inst, ledger, runs, manifest_lib)
     if again["status"] not in ("ready", "already gone"):

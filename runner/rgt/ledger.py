@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rgt import paths
-from rgt.errors import RgtError
+from rgt.errors import InputError, RgtError
 
 _layout = paths.module_util("rgt_runlayout")
 _ledgers: set[Path] = set()  # the ledger dirs this process resolved: a refused write there names --ledger
@@ -29,8 +29,6 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 def ledger_dir(explicit: str | None = None, make: bool = True) -> Path:
     """Where the ledger lives: --ledger, then $RGT_LEDGER, then ./.rgt (made when absent, unless `make` is false:
     a command that only reads it, such as a plan, leaves no directory behind)."""
-    from rgt.errors import InputError
-
     source = "--ledger" if explicit else ("$RGT_LEDGER" if os.environ.get("RGT_LEDGER") else "the default ledger")
     raw = explicit or os.environ.get("RGT_LEDGER") or ".rgt"
     path = Path(raw).expanduser().resolve()
@@ -49,8 +47,6 @@ def ledger_dir(explicit: str | None = None, make: bool = True) -> Path:
 
 def runs_dir(explicit: str | None = None) -> Path:
     """Where verified pulls land: --runs-dir, then $RGT_RUNS_DIR, then ./runs (made by the pull when absent)."""
-    from rgt.errors import InputError
-
     raw = explicit or os.environ.get("RGT_RUNS_DIR") or "runs"
     path = Path(raw).expanduser().resolve()
     if path.exists() and not path.is_dir():
@@ -155,8 +151,6 @@ def read_record(path: Path, problem, fix: str) -> Any | None:
     """A record the runner acts on (the runs remembered per host, a sweep's roster): None when absent; refused with
     exit 2 naming the file when it cannot be read, is not JSON (truncated) or `problem(doc)` names what is wrong
     with it: rgt never guesses what a damaged record held."""
-    from rgt.errors import InputError
-
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

@@ -13,12 +13,16 @@ profile whose meter-stop verb is `none` (local) has nothing to stop.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from rich.console import Console
 
-from rgt import errors, paths
+from rgt import errors, memory, output, paths, pull, rosters, status, teardown
+from rgt.inventory import load_hosts
+from rgt.ledger import ledger_dir, runs_dir
+from rgt.observe import poll
+from rgt.phases import run_playbook
+from rgt.prepare import prepare, prepare_hosts
+from rgt.report import first_contact, summarize
 
 HELP = "train, watch, pull and teardown in one go; run it again to resume where it stopped"
 DESCRIPTION = """\
@@ -42,8 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stop_verbs(args: argparse.Namespace) -> set[str]:
-    from rgt.inventory import load_hosts
-
     return {h.profile["meter_stop"]["verb"] for h in load_hosts(args.inventory, args.limit)}
 
 
@@ -52,14 +54,12 @@ LIVE_STATES = ("running", "stalled", "queued")
 
 def _remembered(ledger, hosts: list) -> bool:
     """Did this ledger launch the hosts' job before (a run of its id, or the sweep's roster)?"""
-    from rgt import memory, sweeps
-
     for host in hosts:
         job = host.vars.get("rgt_job")
         if not isinstance(job, dict):
             continue
         name = job.get("run_id") or job.get("name")
-        if job.get("sweep") and sweeps.read_roster(ledger, host.project, name) is not None:
+        if job.get("sweep") and rosters.read_roster(ledger, host.project, name) is not None:
             return True
         if any(r.get("project") == host.project and r.get("run_id") == name
                for r in memory.runs_of(ledger, host.name)):
@@ -83,12 +83,6 @@ def resume_point(runs: list[dict]) -> str:
 
 
 def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
-    from rgt import pull, status, teardown
-    from rgt.cli import prepare
-    from rgt.ledger import ledger_dir, runs_dir
-    from rgt.phases import run_playbook
-    from rgt.report import first_contact, summarize
-
     quiet = {**vars(args), "json": False}
     done: list[dict] = []
 
@@ -109,8 +103,8 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
         console.print("lifecycle: no job spec given (-e @job.yml) and none in the inventory: nothing to train; "
                       "watching, pulling and tearing down the runs rgt remembers on these hosts")
     elif _remembered(ledger, hosts):  # run again: look at the job's runs before doing anything twice
-        looked, look_vars = status._prepare(argparse.Namespace(**quiet))
-        docs = status.poll(argparse.Namespace(**quiet), console, looked, look_vars, ledger)
+        looked, look_vars = prepare_hosts(argparse.Namespace(**quiet))
+        docs = poll(argparse.Namespace(**quiet), console, looked, look_vars, ledger)
         start = resume_point(status.every_run(docs))
         if start != "train":
             states = ", ".join(f"{r.get('run_id')}: {r.get('state')}" for r in status.every_run(docs))
@@ -139,7 +133,5 @@ def cmd_lifecycle(args: argparse.Namespace, console: Console) -> int:
             step("teardown", errors.OK)
         else:
             code = step("teardown", teardown.cmd_teardown(argparse.Namespace(**quiet), console))
-    if args.json:
-        sys.stdout.write(json.dumps({"command": "lifecycle", "phases": done, "resumed_at": start,
-                                     "exit_code": code}) + "\n")
+    output.emit({"command": "lifecycle", "phases": done, "resumed_at": start, "exit_code": code}, args.json)
     return code

@@ -35,9 +35,11 @@ from typing import IO
 
 from rich.console import Console
 
-from rgt import errors, k8s_run, paths, sshround
+from rgt import errors, k8s_engine, k8s_run, output, paths, sshround
 from rgt.bundle import status_zipapp
 from rgt.errors import InputError
+from rgt.inventory import render_vars
+from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
 HELP = "print a run's log from its box (the newest attempt); -f follows it live"
@@ -405,8 +407,6 @@ def rendered(args: argparse.Namespace, hosts: list, extravars: dict) -> list:
     """`hosts`, each whose round values are Ansible templates (`{{ lookup('env', 'PWD') }}/.rgt/...`, `{{
     inventory_dir }}`) with those values as Ansible renders them for it on this machine (rgt.inventory.render_vars:
     no box contacted). The host's own values are rendered (a remembered job's too), and of rgt_job only the run id."""
-    from rgt.inventory import render_vars
-
     todo: dict[str, dict] = {}
     for host in hosts:
         values = {k: host.vars[k] for k in ROUND_VARS if k != "rgt_job" and _templated(host.vars.get(k))}
@@ -461,8 +461,6 @@ def sources_for(args: argparse.Namespace, hosts: list, extravars: dict) -> list[
 def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict | None = None) -> dict:
     """A Kubernetes host's log: `kubectl logs job/NAME -c job` (the newest pod; the wrapper copies job.log to its
     stdout there), streamed through the printer."""
-    from rgt import k8s_engine
-
     errfile = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errfile)
     if procs is not None:
@@ -483,12 +481,10 @@ def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict 
 
 
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
-    from rgt.status import _prepare
-
     if args.follow and args.json:
         raise InputError("--json prints one document at the end; it cannot follow a log",
                          fix="use -f without --json, or --json without -f", field="--json")
-    hosts, extravars = _prepare(args)
+    hosts, extravars = prepare_hosts(args)
     on_cluster, boxes = k8s_run.split(hosts)
     sources = sources_for(args, boxes, extravars)
     clusters = [(Source(h.name, None, {}), k8s_run.logs_argv(h, args.run, args.tail, args.follow)) for h in on_cluster]
@@ -536,6 +532,5 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{host}: {printable(result.get('state'))}: {printable(result.get('error'))}",
                           highlight=False, markup=False)
     code = exit_code(results)
-    if args.json:
-        sys.stdout.write(json.dumps({"command": "logs", "hosts": results, "exit_code": code}, sort_keys=True) + "\n")
+    output.emit({"command": "logs", "hosts": results, "exit_code": code}, args.json)
     return code

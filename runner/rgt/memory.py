@@ -8,7 +8,7 @@ the box), "recorded_at"}}}. Written after every train or launch play for each ho
 (each cell of a sweep too); read by every command that acts on runs already launched and by `rgt-run runs`.
 
 A host's runs (`host_runs`, the one list every command acts on): every run remembered for it (its project, its
-current instance) and every cell a sweep's roster (`<ledger>/sweeps/<project>/<name>.json`, rgt.sweeps) places on
+current instance) and every cell a sweep's roster (`<ledger>/sweeps/<project>/<name>.json`, rgt.rosters) places on
 it, newest first. A host with no job spec (none with -e, none in the inventory) acts on all of them (`recall`):
 status and watch look at each, watch resumes each, pull pulls each. A job spec given on the command line or in the
 inventory still wins and narrows the command to that job. A record that cannot be read is refused (exit 2, the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rgt import jobspec
+from rgt import jobspec, rosters
 from rgt.errors import InputError
 from rgt.ledger import atomic_write_json, read_record
 
@@ -109,8 +109,6 @@ def check_records(ledger: Path, hosts: list) -> None:
 
 def remember_launches(ledger: Path, hosts: list, result) -> None:
     """After a play: remember every run a launch reported (train, launch_detached, a watch relaunch)."""
-    from rgt.sweeps import cell_job
-
     for host in hosts:
         out = result.hosts.get(host.name)
         report = out.results.get("launch_detached_report") if out else None
@@ -124,7 +122,7 @@ def remember_launches(ledger: Path, hosts: list, result) -> None:
             for cell in report["cells"]:
                 if cell.get("run_id") in by_id:
                     record_launch(ledger, host.name, str(host.instance_id), host.project,
-                                  cell_job(job, by_id[cell["run_id"]]),
+                                  rosters.cell_job(job, by_id[cell["run_id"]]),
                                   {**report, "attempt": cell.get("attempt"), "state": cell.get("state"),
                                    "session": None}, sweep=share.get("name"))
             continue
@@ -139,8 +137,6 @@ def host_runs(ledger: Path, host) -> list[dict]:
     first; a sweep's cells stay together, in roster order, at the sweep's newest launch. Each entry: {run_id,
     project, job (a cell: its job as one run), sweep (the cell's sweep, else None), launched_at}. Raises InputError
     for a damaged record."""
-    from rgt import sweeps
-
     project = host.project
     doc = read_runs(ledger, host.name) or {}
     instance = str(host.instance_id)
@@ -149,14 +145,14 @@ def host_runs(ledger: Path, host) -> list[dict]:
                                                           or instance) == instance}
     units: list[tuple[str, list[dict]]] = []
     taken: set[str] = set()
-    for roster in sweeps.project_rosters(ledger, project):
+    for roster in rosters.project_rosters(ledger, project):
         mine = [c for c in roster["cells"] if c.get("host") == host.name and c["id"] not in taken]
         if not mine:
             continue
         entries = []
         for cell in mine:
             seen = remembered.get(cell["id"]) or {}
-            job = seen.get("job") or sweeps.cell_job(roster.get("job") or {}, cell)
+            job = seen.get("job") or rosters.cell_job(roster.get("job") or {}, cell)
             entries.append({"run_id": cell["id"], "project": project, "job": job, "sweep": roster["sweep"],
                             "launched_at": seen.get("launched_at")})
             taken.add(cell["id"])
@@ -205,16 +201,14 @@ def newest_units(runs_by_host: dict[str, list[dict]]) -> dict[str, tuple[str, st
 
 def unit_job(ledger: Path, host, unit: tuple[str, str], runs: list[dict]) -> dict:
     """The job spec that launches a unit on a host: a sweep's job (from its roster in the ledger), or the run's."""
-    from rgt import sweeps
-
     kind, name = unit
     if kind == "sweep":
-        roster = sweeps.read_roster(ledger, host.project, name)
+        roster = rosters.read_roster(ledger, host.project, name)
         if roster is None or not isinstance(roster.get("job"), dict):
             raise InputError(f"host '{host.name}': the roster of sweep {name} is not in the ledger "
-                             f"({sweeps.roster_path(ledger, host.project, name)}), so its job is not known here",
+                             f"({rosters.roster_path(ledger, host.project, name)}), so its job is not known here",
                              fix="give the sweep's job with -e @job.yml", field="rgt_job")
-        return sweeps.roster_job(roster)
+        return rosters.roster_job(roster)
     run = next((r for r in runs if r["run_id"] == name), None)
     if run is None:
         raise InputError(f"host '{host.name}': no run {name} is remembered for it", fix="name a run `rgt-run "

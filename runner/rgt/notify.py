@@ -23,7 +23,6 @@ Every text a message carries is rgt.safetext.printable: box text never brings a 
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import signal
@@ -31,10 +30,9 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -42,6 +40,10 @@ from rich.markup import escape
 from rgt import jobspec, runreport
 from rgt.ledger import atomic_write_json, read_json
 from rgt.safetext import printable
+
+if TYPE_CHECKING:  # imported where a webhook is posted: urllib, http.client and ssl are 9 ms of every start
+    import http.client
+    import urllib.request
 
 SCHEMA = "rgt/notify/v2"
 SCHEMA_V1 = "rgt/notify/v1"  # {"last": {run, attempt, state, attention, seen_at}}: one run per host
@@ -114,6 +116,8 @@ class _Connections:
 
     def opener(self) -> urllib.request.OpenerDirector:
         """urllib's opener (proxies from the environment, redirects) whose connections are tracked."""
+        import urllib.request  # 9 ms with http.client and ssl: only a webhook's post needs it
+
         tracker = self
 
         class Http(urllib.request.HTTPHandler):
@@ -174,6 +178,8 @@ class Sender:
             "color": COLORS.get(message["kind"], "#9e9e9e"), "fallback": message["text"],
             "fields": [{"title": k, "value": str(v), "short": len(str(v)) < 40}
                        for k, v in message["fields"].items()]}]}).encode()
+        import urllib.request  # 9 ms with http.client and ssl: only a webhook's post needs it
+
         request = urllib.request.Request(url, data=body, method="POST",
                                          headers={"Content-Type": "application/json", "User-Agent": "rgt-notify"})
         connections = _Connections()
@@ -211,6 +217,9 @@ class Sender:
 
 
 def _request(connections: _Connections, request: urllib.request.Request, url: str, limit: float) -> str | None:
+    import http.client  # 9 ms with urllib and ssl: only a webhook's post needs it
+    import urllib.error
+
     try:
         # each socket operation may take a little longer than the deadline: the deadline itself (the caller's
         # join) is what ends a request, with one message for a slow and a silent receiver

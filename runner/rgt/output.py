@@ -3,15 +3,18 @@
 A listing or reading command (`profiles`, `profiles show`, `status`, `runs`, `logs`, the plan of `train -C`, the
 final summary of `watch`) prints its result on stdout, so `rgt-run profiles | grep autodl` and `| less` work;
 progress, warnings, hints and errors go to stderr (`messages()`, the console rgt.cli hands every command).
-Under --json stdout holds only the one JSON document: the result's human rendering goes to stderr instead. That
-holds for the whole command line (`set_json`, called by rgt.cli.main): a command run inside another one (watch
-inside `lifecycle --json`) never prints a result on stdout.
+Under --json stdout holds only the one JSON document (`emit`, every command's): the result's human rendering
+goes to stderr instead. That holds for the whole command line (`set_json`, called by rgt.cli.main): a command run
+inside another one (watch inside `lifecycle --json`) never prints a result on stdout.
 
 A console whose stream is not a terminal (a pipe, a file) is WIDE columns wide, so a table row stays one line
 and no word is folded (`runnin/g`); on a terminal, tables fit the terminal.
 """
 
 from __future__ import annotations
+
+import json
+import sys
 
 from rich.console import Console
 
@@ -41,3 +44,10 @@ def messages() -> Console:
 def results(as_json: bool = False) -> Console:
     """Where a command prints its result: stdout, or stderr under --json (`as_json`, or this command line's)."""
     return _console(stderr=as_json or _json)
+
+
+def emit(doc: dict, as_json: bool) -> None:
+    """A command's one JSON document on stdout, when the command line asked for --json (`as_json`)."""
+    if as_json:
+        sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()

@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import ansible_runner
 from rich.console import Console
 
 from rgt import confirmation, errors, memory, paths
-from rgt.errors import InputError, RgtError
 from rgt.events import EventSink, HostOutcome
 from rgt.inventory import Host, ansible_env, known_hosts_file
 from rgt.progress import ProgressTail
@@ -29,47 +27,6 @@ _layout = paths.module_util("rgt_runlayout")
 # Per-host SSH options: pin by instance id (ports and IPs change on rentals, the instance does not).
 SSH_PIN_ARGS = ("-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} "
                 "-o HostKeyAlias={{{{ rgt_instance_id }}}}")
-
-
-# The programs a command runs on this machine (the controller), checked before any box is touched: rsync for the
-# plays whose roles move files (upload_resume in train, collect: local boxes too), ssh for every box reached over
-# SSH (any play but the smoke, which runs here; status and logs too), kubectl for a Kubernetes host.
-RSYNC_PLAYBOOKS = ("train", "upload_resume", "collect")
-LOCAL_PLAYBOOKS = ("smoke",)  # run on this machine only: no box is reached
-DEBIAN_PACKAGES = {"rsync": "rsync", "ssh": "openssh-client"}
-
-
-def controller_tools(playbook: str, hosts: list[Host]) -> dict[str, list[str]]:
-    """{program: [the hosts it is needed for]} for `playbook` (a stem: train, collect, monitor ...) on `hosts`."""
-    from rgt import k8s
-
-    boxes = [h for h in hosts if not k8s.is_k8s(h.profile)]
-    needed = {"ssh": [h.name for h in boxes if not h.is_local] if playbook not in LOCAL_PLAYBOOKS else [],
-              "rsync": [h.name for h in boxes] if playbook in RSYNC_PLAYBOOKS else [],
-              "kubectl": [h.name for h in hosts if k8s.is_k8s(h.profile)]}
-    return {program: names for program, names in needed.items() if names}
-
-
-def check_controller_tools(playbook: str, hosts: list[Host], path: str | None = None) -> None:
-    """Refuse (exit 2, nothing touched) when a program the command runs here is missing, naming it, the hosts that
-    need it and the Debian package that has it. rsync and ssh are looked for on the PATH the plays get
-    (rgt.inventory.ansible_env, or `path`); kubectl where the Kubernetes engine finds it (rgt.k8s_engine)."""
-    from rgt import k8s_engine
-
-    search = path if path is not None else ansible_env().get("PATH", "")
-    for program, names in controller_tools(playbook, hosts).items():
-        who = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        if program == "kubectl":
-            try:
-                k8s_engine.find_kubectl()
-            except RgtError as exc:
-                raise InputError(f"{exc.message} (for {who})", fix=f"{exc.fix}; Debian's package kubernetes-client "
-                                 "is an old kubectl (1.20)", field="kubectl") from None
-        elif shutil.which(program, path=search) is None:
-            purpose = "to copy files to and from" if program == "rsync" else "to reach"
-            raise InputError(f"{program} is not installed on this machine (no {program} on PATH); rgt runs it here "
-                             f"{purpose} {who}", fix=f"install it (Debian/Ubuntu: `sudo apt-get install "
-                             f"{DEBIAN_PACKAGES[program]}`), then run the same command again", field=program)
 
 
 @dataclass
@@ -178,6 +135,10 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
                  skip_tags: str | None = None, check: bool = False, quiet: bool = False,
                  verbosity: int = 0) -> PhaseResult:
     """Run one playbook; never leaves secrets or artifacts behind in the private data dir."""
+    # ansible_runner: 15 ms of every rgt-run start; only a play needs it (status over the SSH round, logs, runs,
+    # profiles and --help run none)
+    import ansible_runner
+
     ident = new_ident(playbook)
     started = time.time()
     ledger_events = ledger / "events" / f"{ident}.jsonl"

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import subprocess
-import sys
 import tempfile
 
 from rich.console import Console
 
-from rgt import errors
+from rgt import errors, output
 from rgt.errors import GateRefused, InputError, Unreachable
 from rgt.inventory import known_hosts_file, load_hosts
 from rgt.ledger import atomic_write_bytes
@@ -109,6 +107,5 @@ def cmd_pin(args: argparse.Namespace, console: Console) -> int:
     if unreachable:
         console.print(f"unreachable: {', '.join(unreachable)}: check that the box is running and that ansible_host "
                       "and ansible_port are the SSH address the platform console shows, then run rgt-run pin again")
-    if args.json:
-        sys.stdout.write(json.dumps({"command": "pin", "hosts": results, "exit_code": code}) + "\n")
+    output.emit({"command": "pin", "hosts": results, "exit_code": code}, args.json)
     return code

@@ -1,6 +1,6 @@
 """`rgt-run train -C`: the plan per host of a fresh run, computed on this machine; no box is contacted.
 
-The same input checks as a real run first (rgt.cli.prepare: job spec, inventory, secrets set in this shell, host
+The same input checks as a real run first (rgt.prepare: job spec, inventory, secrets set in this shell, host
 key pins). Then, per host: the code tree's manifest with the very module_util the upload runs (rgt_tree: ignore
 rules, SHA-256 per file, hash8), so `code-<hash8>` is the directory a real upload would create; the run layout
 from rgt_runlayout.RunPaths; the command; the disk floor; the price and what the expected duration costs.
@@ -27,8 +27,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, jobspec, k8s, output, paths
+from rgt import errors, jobspec, k8s, output, paths, sweeps
 from rgt.errors import InputError, RgtError
+from rgt.inventory import render_vars
+from rgt.ledger import ledger_dir
+from rgt.prepare import prepare
 
 DEFAULT_PROJECT = "rgt"  # roles/*/defaults: rgt_project | default('rgt')
 DEFAULT_DISK_FLOOR_GIB = 1  # roles/launch_detached/defaults: launch_detached_job.disk_floor_gib | default(1)
@@ -43,8 +46,6 @@ _RENDER = ("{{ {'durable_root': rgt_durable_root | default(none), 'project': rgt
 def render(inventory: str, limit: str | None, extravars: dict, names: list[str]) -> dict[str, dict]:
     """{host: rendered values} through Ansible on the controller only (rgt.inventory.render_vars; no box is
     contacted)."""
-    from rgt.inventory import render_vars
-
     return render_vars(inventory, limit, extravars, names, _RENDER)
 
 
@@ -221,8 +222,6 @@ def render_manifests(console: Console, manifests: dict) -> None:
 def sweep_plans(hosts: list, plans: dict, ledger: Path | None) -> list[dict]:
     """The cells of each sweep and the host each goes to (rgt.sweeps.plan: the roster a real train keeps, a cell
     already in the ledger's roster on its host), with each cell's run dir."""
-    from rgt import sweeps
-
     out = []
     for item in sweeps.plan(hosts, ledger):
         for cell in item["roster"]["cells"]:
@@ -249,8 +248,6 @@ def render_sweep(console: Console, item: dict) -> None:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     """Print (and with --json emit) the plan per host; exit 0, or 1 when an upload would be refused."""
-    from rgt.cli import emit, prepare
-
     _playbook, hosts, extravars = prepare(args, plan=True)
     values = render(args.inventory, args.limit, extravars, [h.name for h in hosts])
     tree = paths.module_util("rgt_tree")
@@ -259,8 +256,6 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     plans = {h.name: host_plan(h, values[h.name], bases.get(h.name), tree, layout) for h in hosts}
     console.print(f"[bold]rgt[/bold] plan for train on {len(hosts)} host(s) (-C: computed here, no box contacted, "
                   "nothing changed)")
-    from rgt.ledger import ledger_dir
-
     sweeps = sweep_plans(hosts, plans, ledger_dir(getattr(args, "ledger", None), make=False))
     out = output.results(args.json)  # the plan is the result: stdout (stderr under --json)
     for item in plans.values():
@@ -269,5 +264,5 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         render_sweep(out, item)
     code = errors.FAILED if any(p["refused"] for p in plans.values()) else errors.OK
     console.print(f"exit {code} · run it for real without -C")
-    emit({"command": "plan", "hosts": plans, "sweeps": sweeps, "exit_code": code}, args.json)
+    output.emit({"command": "plan", "hosts": plans, "sweeps": sweeps, "exit_code": code}, args.json)
     return code

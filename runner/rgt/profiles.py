@@ -9,6 +9,8 @@ package (`<repo>/runner/rgt/profiles.py` -> `<repo>/plugins/module_utils/rgt_pro
 
 from __future__ import annotations
 
+import argparse
+import os
 from datetime import date
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import paths
+from rgt import errors, output, paths
 from rgt.errors import InputError
 
 _core = paths.module_util("rgt_profiles")
@@ -79,6 +81,25 @@ def launch_problem(profile: dict) -> ProfileError | None:
     field, message, fix = found
     source = f"profile {profile.get('name')}"
     return ProfileError(field, message, fix, source)
+
+
+def verb_plan(inst) -> dict:
+    """What the meter stop's verb does to a teardown's instance (rgt.teardown.Instance: instance_id, names, profile),
+    from its profile: shown before the prompt and returned in --json."""
+    profile = inst.profile
+    meter = profile.get("meter_stop") or {}
+    api = meter.get("api") or {}
+    key_env = api.get("key_env")
+    key_set = bool(key_env and os.environ.get(key_env))
+    gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
+    console = gate.console_instead(meter, key_set)
+    return {"instance_id": inst.instance_id, "hosts": inst.names, "profile": profile.get("name"),
+            "verb": meter.get("verb") or "manual", "label": meter.get("label") or meter.get("verb"),
+            "reversible": bool(meter.get("reversible")), "deletes": gate.deleted_mounts(profile),
+            "keeps_billing": list(meter.get("keeps_billing") or []), "api": bool(api.get("client")),
+            "key_env": key_env, "key_set": key_set if key_env else None, "console_steps": console,
+            "manual_steps": list(meter.get("manual_steps") or []) if (console or not api.get("client")) else [],
+            "clocks": gate.clocks_started(profile)}
 
 
 def profile_names() -> list[str]:
@@ -231,3 +252,38 @@ def render_show(console: Console, profile: dict) -> None:
         console.print("[bold]Notes:[/bold]")
         for line in p["notes"]:
             console.print(f"  - {escape(line)}")
+
+
+# ---------------------------------------------------------------- `rgt-run profiles` (the table is in rgt.cli)
+
+HELP = "list the platforms rgt knows, or show one platform's facts (`profiles show NAME`)"
+DESCRIPTION = """\
+List the platforms rgt knows (SSH user and port, where data survives a stop, how the meter stops, what keeps
+billing), or show everything known about one of them: `rgt-run profiles show runpod`. The profile name goes into
+your inventory as rgt_profile."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=["list", "show"], default="list", help="list (default) or show")
+    p.add_argument("name", nargs="?", metavar="NAME", help="the platform to show")
+
+
+def cmd_profiles(args: argparse.Namespace, console: Console) -> int:
+    if args.action == "list":
+        if args.name:
+            raise InputError(f"`rgt-run profiles list` takes no name (got {args.name!r})",
+                             fix=f"rgt-run profiles show {args.name}", field="name")
+        items = list_profiles()
+        render_list(output.results(args.json))
+        output.emit({"command": "profiles", "profiles": [profile_as_json(x) for x in items]}, args.json)
+        return errors.OK
+    if not args.name:
+        raise InputError("`rgt-run profiles show` needs a profile name", fix="rgt-run profiles show runpod",
+                         field="name")
+    try:
+        prof = load_profile(args.name)
+    except ProfileError as exc:
+        raise InputError(str(exc), fix=exc.fix, field=exc.field) from exc
+    render_show(output.results(args.json), prof)
+    output.emit({"command": "profiles show", "profile": profile_as_json(prof)}, args.json)
+    return errors.OK

@@ -11,14 +11,15 @@ closeout/transfer/verification failure, else 4 any unreachable host, else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors
+from rgt import errors, k8s_run, memory, output, paths, runreport
+from rgt.ledger import atomic_write_json, ledger_dir, read_json, runs_dir
+from rgt.phases import run_playbook
+from rgt.prepare import prepare
 from rgt.safetext import printable
 
 HELP = "seal each finished run, pull its results here and verify every file's SHA-256"
@@ -65,8 +66,6 @@ def what_failed(doc: dict) -> str:
 
 def log_notes(doc: dict) -> list[str]:
     """The closeout's word on each log it capped or could not seal (module_utils/rgt_seal.log_warnings)."""
-    from rgt import paths
-
     return paths.module_util("rgt_seal").log_warnings(doc.get("logs"))
 
 
@@ -100,8 +99,6 @@ def sweep_manifest(root, host, sweep: str, cells: list[str], entry: dict, consol
     cell of the host's roster (`cells`) with its verified pull (files, bytes, the manifest's SHA-256 from each
     cell's PULL_VERIFIED marker), written only when every one is verified; otherwise the cells that are not are
     named (and none is written: a stale one is removed). Returns the path written, or None."""
-    from rgt.ledger import atomic_write_json, read_json
-
     path = root / sweep / f"{host.name}.SWEEP_VERIFIED.json"
     markers = {cell: read_json(root / cell / f"{host.name}.PULL_VERIFIED.json") for cell in cells}
     missing = [c for c in cells if not (entry["runs"].get(c) or {}).get("verified") or not markers[c]]
@@ -122,8 +119,6 @@ def sweep_manifest(root, host, sweep: str, cells: list[str], entry: dict, consol
 def runs_to_pull(host) -> list[dict]:
     """The runs a prepared host pulls, in order: every run it acts on (rgt.memory.runs_acted_on: with no job spec,
     every run the ledger knows on it; with a sweep's job, each of its cells), else the one its job spec names."""
-    from rgt import memory
-
     return memory.runs_acted_on(host) or [{"run_id": None, "job": None, "sweep": None}]
 
 
@@ -144,11 +139,6 @@ def _point_at(host, run: dict) -> None:
 
 
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
-    from rgt import k8s_run
-    from rgt.cli import prepare
-    from rgt.ledger import ledger_dir, runs_dir
-    from rgt.phases import run_playbook
-
     ns = argparse.Namespace(**vars(args))
     ns.playbook = "collect"
     playbook, hosts, extravars = prepare(ns)
@@ -214,18 +204,14 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     # a sweep host: every cell; one page per sweep (a Kubernetes host's report needs its box's records: not made)
     verified = [h for h in k8s_run.split(hosts)[1] if docs[h.name]["verified"]]
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
-        from rgt import runreport
-
         reports = runreport.after_pull(args, console, verified, extravars, ledger, root)
         for rep in reports:
             for name in rep["hosts"]:
                 if name in docs:
                     docs[name]["report"] = rep["html"]
     console.print(f"exit {code} · runs {root}")
-    if args.json:
-        sys.stdout.write(json.dumps({"command": "pull", "runs_dir": str(root), "hosts": docs, "exit_code": code,
-                                     "phase": result.as_dict()}, sort_keys=True, default=str) + "\n")
-        sys.stdout.flush()
+    output.emit({"command": "pull", "runs_dir": str(root), "hosts": docs, "exit_code": code,
+                 "phase": result.as_dict()}, args.json)
     return code
 
 

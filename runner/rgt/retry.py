@@ -10,8 +10,11 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors
+from rgt import errors, k8s_run, memory, output
 from rgt.errors import InputError
+from rgt.ledger import ledger_dir
+from rgt.phases import run_playbook
+from rgt.prepare import prepare
 
 HELP = "run one failed run or sweep cell once more (the user's word; a failed run is never retried blindly)"
 DESCRIPTION = """\
@@ -34,8 +37,6 @@ def single_run_owners(hosts: list, run_id: str, ledger) -> list:
     """The hosts whose single run (no sweep cell) is `run_id`: the job given with -e, in the inventory or remembered
     for the host, else an older run the ledger remembers on it (that run's job is given to the host, and a sweep
     share it had is dropped: only this run is touched)."""
-    from rgt import memory
-
     owners = []
     for host in hosts:
         job = host.vars.get("rgt_job")
@@ -65,11 +66,6 @@ def _sweep_of(cell: str):
 
 
 def cmd_retry(args: argparse.Namespace, console: Console) -> int:
-    from rgt import k8s_run
-    from rgt.cli import emit, prepare
-    from rgt.ledger import ledger_dir
-    from rgt.phases import run_playbook
-
     ns = argparse.Namespace(**vars(args))
     ns.playbook = "launch_detached"
     playbook, hosts, extravars = prepare(ns, choose=_sweep_of(args.cell))
@@ -121,6 +117,6 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[yellow]{escape(args.cell)} is {state or 'unknown'}[/yellow]: only a failed run is retried "
                       "(a preempted or dead one resumes with `rgt-run train` or `rgt-run watch`)")
     console.print(f"exit {code}")
-    emit({"command": "retry", "cell": args.cell, "sweep": sweep, "host": host.name, "state": state,
-          "exit_code": code, "phase": result.as_dict()}, args.json)
+    output.emit({"command": "retry", "cell": args.cell, "sweep": sweep, "host": host.name, "state": state,
+                 "exit_code": code, "phase": result.as_dict()}, args.json)
     return code

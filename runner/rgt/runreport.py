@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import bisect
 import functools
 import io
-import json
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,8 +26,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors
+from rgt import errors, output, paths, rosters, sweeps
 from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json, runs_dir
+from rgt.observe import poll
+from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
 HELP = "write a report per run: loss over steps, GPU use, attempts, cost, compute lost to preemptions (HTML + PNG)"
@@ -53,14 +54,10 @@ REASON_COLOR = {"finished": "#2e7d32", "preempted": "#f9a825", "failed": "#c6282
 
 
 def _hist():
-    from rgt import paths
-
     return paths.module_util("rgt_history")
 
 
 def _epoch(value) -> float | None:
-    from rgt import paths
-
     return paths.module_util("rgt_reconcile").to_epoch(value)
 
 
@@ -229,6 +226,7 @@ def why_failed(host: str, doc: dict) -> str:
 # ---------------------------------------------------------------- plots (matplotlib, Agg)
 
 def _pyplot():
+    # matplotlib: 0.37 s with pyplot (more than a whole `rgt-run status` start); only a report's plots need it
     import matplotlib
 
     matplotlib.use("Agg")
@@ -331,8 +329,6 @@ def steps_figure(doc: dict, facts: dict):
 def _breaks(times: list[float], starts: list[float], max_gap: float | None) -> list[int]:
     """Indexes i where a line must stop between sample i-1 and sample i: they belong to two attempts (an attempt
     start lies between them) or lie further apart than max_gap (the wrapper did not sample: no box)."""
-    import bisect
-
     return [i for i in range(1, len(times))
             if bisect.bisect_right(starts, times[i - 1]) != bisect.bisect_right(starts, times[i])
             or (max_gap is not None and times[i] - times[i - 1] > max_gap)]
@@ -637,8 +633,6 @@ def sweep_facts(roster: dict, docs: list[dict], *, now: float | None = None,
     sent, run_facts as for a single run), the pull's marker per cell, and the one-glance line (the sweep's tally,
     rgt.sweeps, then compute lost and cost). A cell with no document is `missing` (`unreachable` when its host, in
     `down`, did not answer)."""
-    from rgt import sweeps
-
     now = time.time() if now is None else now
     teardown_at, verified = teardown_at or {}, verified or {}
     mine = {(d.get("host"), d.get("run_id")): d for d in docs}
@@ -849,12 +843,10 @@ def build_reports(args: argparse.Namespace, console: Console, hosts: list, extra
     sweep's cells. Returns (reports, {host (host:cell for a cell): why not}).
     reuse_settled: a host whose last status in the ledger is a settled run with its history (a sweep host: every
     cell) is not polled again (after a pull: the run ended, nothing on the box can change its figures)."""
-    from rgt import status
-
     before = {h.name: read_json(ledger / "status" / f"{h.name}.json") for h in hosts}
     reuse = {h.name for h in hosts if reuse_settled and _host_settled(h, before[h.name], extravars)}
     to_poll = [h for h in hosts if h.name not in reuse]
-    fresh = status.poll(args, console, to_poll, extravars, ledger) if to_poll else {}
+    fresh = poll(args, console, to_poll, extravars, ledger) if to_poll else {}
     fresh.update({name: before[name] for name in reuse})
     by_run: dict[str, list[dict]] = {}
     skipped: dict[str, str] = {}
@@ -903,14 +895,12 @@ def sweep_reports(ledger: Path, root: Path, hosts: list, fresh: dict, before: di
     """One report per sweep of these (sweep) hosts, over the cells of its roster (`<ledger>/sweeps/`). A cell on a
     host outside this play (--limit) is shown from the ledger's last status of that host or the last report, else
     as missing; a cell of a host in the play with no data at all goes into `skipped` as host:cell."""
-    from rgt import sweeps
-
     groups: dict[tuple[str, str], list] = {}
     for host in hosts:
         groups.setdefault((host.project, host.sweep), []).append(host)
     reports = []
     for (project, name), members in sorted(groups.items()):
-        roster = sweeps.read_roster(ledger, project, name) or _roster_of(project, name, members)
+        roster = rosters.read_roster(ledger, project, name) or _roster_of(project, name, members)
         if only_run and only_run != name and only_run not in {c["id"] for c in roster.get("cells") or []}:
             continue
         here = {h.name for h in members}
@@ -969,17 +959,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from rgt import status
-
     only = getattr(args, "run", None)
     if only:
-        from rgt import paths
-
         problem = paths.module_util("rgt_runlayout").check_name(only, "run id")
         if problem:
             raise errors.InputError(problem, fix="--run takes a run id (rgt_job.run_id or rgt_job.name)",
                                     field="--run")
-    hosts, extravars = status._prepare(args)
+    hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(getattr(args, "ledger", None))
     root = runs_dir(getattr(args, "runs_dir", None))
     runs = {r for h in hosts for r in (_host_run_id(h, extravars), h.sweep, *(_cells_of(h) if h.sweep else ())) if r}
@@ -995,8 +981,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         code = errors.UNREACHABLE
     else:
         code = errors.FAILED
-    if getattr(args, "json", False):
-        sys.stdout.write(json.dumps({"command": "report", "runs_dir": str(root), "reports": reports,
-                                     "skipped": skipped, "exit_code": code}, sort_keys=True, default=str) + "\n")
-        sys.stdout.flush()
+    output.emit({"command": "report", "runs_dir": str(root), "reports": reports, "skipped": skipped,
+                 "exit_code": code}, getattr(args, "json", False))
     return code

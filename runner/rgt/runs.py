@@ -11,7 +11,6 @@ same rows. Run `rgt-run status` for a fresh look at the boxes.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def sealed_run(runs: Path, run_id: str, host: str) -> dict:
 
 def _seen_run(seen: object, run_id: object) -> dict:
     """The last status seen of this run: the host's document, one of the other runs seen beside it, or, when the
-    box did not answer the last look, what it said the time before (rgt.status.last_seen)."""
+    box did not answer the last look, what it said the time before (rgt.observe.last_seen)."""
     if not isinstance(seen, dict):
         return {}
     for doc in (seen, *(seen.get("other_runs") or [])):
@@ -135,9 +134,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     root = runs_dir(getattr(args, "runs_dir", None))
     items = rows(ledger, root, getattr(args, "limit", None))
     as_json = getattr(args, "json", False)
-    if as_json:
-        print(json.dumps({"command": "runs", "ledger": str(ledger), "runs_dir": str(root), "runs": items,
-                          "exit_code": errors.OK}, sort_keys=True))
+    output.emit({"command": "runs", "ledger": str(ledger), "runs_dir": str(root), "runs": items,
+                 "exit_code": errors.OK}, as_json)
     if not items:
         console.print(f"no runs in the ledger {ledger} yet: launch one with `rgt-run playbooks/train.yml -i INV`")
         return errors.OK

@@ -19,8 +19,6 @@ playbooks/launch_detached.yml (old code; a sweep through its queue); failed, dea
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -30,8 +28,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, output
-from rgt.ledger import append_jsonl, atomic_write_json, ledger_dir, read_json
+from rgt import endings, errors, k8s_run, memory, notify, output, paths, runreport, sweeps
+from rgt.ledger import append_jsonl, ledger_dir
+from rgt.observe import first_line, poll
+from rgt.phases import run_playbook
+from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
 BACKOFF_CAP_S = 600
@@ -44,54 +45,7 @@ STATE_STYLE = {"running": "green", "finished": "green", "stalled": "yellow", "pr
                "queued": "cyan", "timeout": "red", "oom": "red"}
 
 
-# ---------------------------------------------------------------- one poll
-
-def _first_line(messages: list[str]) -> str:
-    for msg in messages or []:
-        if msg and msg.strip():
-            return msg.strip().splitlines()[0][:300]
-    return ""
-
-
-def host_doc(name: str, outcome, now: float) -> dict:
-    """The per-host entry of a poll: the box's status document, or unreachable/error from the runner."""
-    if outcome is None:
-        return {"host": name, "state": "error", "error": "the monitor play returned nothing for this host"}
-    if outcome.unreachable:
-        doc = {"host": name, "state": "unreachable", "error": _first_line(outcome.messages) or "unreachable"}
-        if outcome.host_key_mismatch:
-            doc["host_key_mismatch"] = True
-        return doc
-    report = outcome.results.get("monitor_status_report")
-    if outcome.failed or not isinstance(report, dict):
-        return {"host": name, "state": "error",
-                "error": _first_line(outcome.messages) or "the monitor play did not return a status document"}
-    return seen_doc(name, report, now)
-
-
-def round_doc(name: str, outcome, now: float) -> dict:
-    """The per-host entry from the ssh round (rgt.sshround.Outcome): the same shapes as host_doc."""
-    if outcome.unreachable:
-        doc = {"host": name, "state": "unreachable", "error": outcome.error or "unreachable"}
-        if outcome.host_key_mismatch:
-            doc["host_key_mismatch"] = True
-        return doc
-    if not isinstance(outcome.status, dict):
-        return {"host": name, "state": "error", "error": outcome.error or "no status document"}
-    return seen_doc(name, outcome.status, now)
-
-
-def seen_doc(name: str, report: dict, now: float) -> dict:
-    """A box's status document as the runner keeps it: the inventory name as host, the box's as hostname."""
-    doc = dict(report)
-    doc["hostname"] = doc.get("host")
-    doc["host"] = name
-    doc["seen_at"] = now
-    if report.get("other_runs"):  # older runs remembered on this host, from the same round trip
-        doc["other_runs"] = [{**other, "hostname": other.get("host"), "host": name, "seen_at": now}
-                             for other in report["other_runs"] if isinstance(other, dict)]
-    return doc
-
+# ---------------------------------------------------------------- one look
 
 def every_run(docs: dict[str, dict]) -> list[dict]:
     """Each host's document and the documents of the other runs seen on that host."""
@@ -120,63 +74,6 @@ def _ago(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min ago"
     return f"{seconds // 3600} h ago"
-
-
-def last_seen(ledger: Path, host: str) -> dict | None:
-    """The last state the box itself reported (from <ledger>/status/<host>.json), if any."""
-    prev = read_json(ledger / "status" / f"{host}.json")
-    if not isinstance(prev, dict):
-        return None
-    if prev.get("state") == "unreachable":
-        return prev.get("last_seen")
-    if prev.get("seen_at") is None:
-        return None
-    return {"state": prev.get("state"), "seen_at": prev.get("seen_at"), "attempt": prev.get("attempt"),
-            "step": prev.get("step"), "run_id": prev.get("run_id"), "elapsed_s": prev.get("elapsed_s"),
-            "cost_so_far": prev.get("cost_so_far")}
-
-
-def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
-    """Latest status per host (atomic) and one tick line appended; an unreachable host keeps its last seen."""
-    if doc.get("state") == "unreachable":
-        doc = {**doc, "at": now, "last_seen": last_seen(ledger, host)}
-    atomic_write_json(ledger / "status" / f"{host}.json", doc)
-    tick = {"t": now, "state": doc.get("state"), "attempt": doc.get("attempt"), "step": doc.get("step"),
-            "loss": doc.get("loss"), "attention": [a.get("id") for a in doc.get("attention") or []],
-            "error": doc.get("error")}
-    append_jsonl(ledger / "status" / f"{host}.jsonl", tick)
-    return doc
-
-
-def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
-    """One status round over `hosts` (rgt.sshround: parallel multiplexed SSH, the module's own code on the box);
-    returns {host: doc} (recorded in the ledger). A host whose connection or status arguments are Ansible
-    templates is looked at by monitor.yml instead (only Ansible can evaluate them); a Kubernetes host through
-    kubectl (rgt.k8s_run)."""
-    from rgt import k8s_run, sshround
-
-    on_cluster, boxes = k8s_run.split(hosts)
-    by_round = [h for h in boxes if sshround.can_round(args.inventory, h, extravars)]
-    by_play = [h for h in boxes if h not in by_round]
-    outcomes = sshround.status_round(args.inventory, by_round, extravars) if by_round else {}
-    now = time.time()
-    docs = {name: round_doc(name, outcome, now) for name, outcome in outcomes.items()}
-    docs.update({h.name: k8s_run.status_doc(h, now) for h in on_cluster})  # kubectl get job, pods
-    if by_play:
-        docs.update(poll_play(args, console, by_play, extravars, ledger))
-    return {h.name: record(ledger, h.name, docs[h.name], now) for h in hosts}
-
-
-def poll_play(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
-    """One monitor.yml run over `hosts`: {host: doc} (not recorded)."""
-    from rgt import paths
-    from rgt.phases import run_playbook
-
-    playbook = paths.PLAYBOOKS_DIR / "monitor.yml"
-    result = run_playbook(playbook, args.inventory, hosts, ledger=ledger, console=console, extravars=extravars,
-                          limit=",".join(h.name for h in hosts), quiet=True, verbosity=args.verbose or 0)
-    now = time.time()
-    return {h.name: host_doc(h.name, result.hosts.get(h.name), now) for h in hosts}
 
 
 # ---------------------------------------------------------------- rendering
@@ -270,27 +167,10 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
     return printable(" ".join(parts))  # box text (state, loss, attention ids): no controls, one line
 
 
-def emit(doc: dict, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(doc, sort_keys=True, default=str) + "\n")
-        sys.stdout.flush()
-
-
 # ---------------------------------------------------------------- status
 
-def _prepare(args: argparse.Namespace, playbook: str = "monitor", choose=None):
-    """The hosts and extra vars of a play (rgt.cli.prepare): with no job spec, each host acts on every run the
-    ledger remembers on it (a launch: the unit `choose` picks)."""
-    from rgt.cli import prepare
-
-    ns = argparse.Namespace(**vars(args))
-    ns.playbook = playbook
-    _playbook, hosts, extravars = prepare(ns, choose=choose)
-    return hosts, extravars
-
-
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    hosts, extravars = _prepare(args)
+    hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(args.ledger)
     docs = poll(args, console, hosts, extravars, ledger)
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
@@ -299,14 +179,12 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     tallies = sweep_tallies(out, ledger, hosts, docs)
     code = exit_code(docs, tallies)
     console.print(f"exit {code} · ledger {ledger / 'status'}")
-    emit({"command": "status", "hosts": docs, "sweeps": tallies, "exit_code": code}, args.json)
+    output.emit({"command": "status", "hosts": docs, "sweeps": tallies, "exit_code": code}, args.json)
     return code
 
 
 def sweep_tallies(console: Console, ledger: Path, hosts: list, docs: dict[str, dict]) -> list[dict]:
     """Each sweep with cells on these hosts, reconciled against its roster (rgt.sweeps.tally), one line each."""
-    from rgt import sweeps
-
     out = sweeps.tallies(ledger, hosts, every_run(docs))
     for t in out:
         style = "green" if t["done"] else "red" if {"failed", "missing", "duplicate"} & set(t["counts"]) else "cyan"
@@ -376,8 +254,6 @@ def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, ex
     per sweep with due cells (its queue resumes them all) and one per due single run (the k-th of each host in the
     k-th play); a host given a job spec launches that job. `due`: {host: the due runs' status documents}. Returns
     the worst exit code of the launches."""
-    from rgt import memory
-
     by_obj = {h.name: h for h in host_objs or []}
     remembered = [n for n in hosts if (getattr(by_obj.get(n), "recalled", None) or {}).get("remembered")]
     plays: list[tuple[memory.Chooser | None, list[str]]] = []
@@ -415,14 +291,11 @@ def _same_sweep(sweep: str):
 
 def _launch(args: argparse.Namespace, console: Console, ledger: Path, choose, names: list[str]) -> int:
     """One relaunch play on `names`, prepared as a launch (a sweep host gets its share), the code each run ran."""
-    from rgt import k8s_run, paths
-    from rgt.phases import run_playbook
-
     playbook = paths.PLAYBOOKS_DIR / "launch_detached.yml"
     if not playbook.is_file():
         console.print(f"[red]cannot relaunch[/red] {', '.join(names)}: {playbook} does not exist")
         return errors.FAILED
-    all_hosts, extravars = _prepare(args, "launch_detached", choose)
+    all_hosts, extravars = prepare_hosts(args, "launch_detached", choose)
     on_cluster, boxes = k8s_run.split([h for h in all_hosts if h.name in names])
     codes = [k8s_run.relaunch(on_cluster, console, ledger)] if on_cluster else []
     if boxes:
@@ -432,7 +305,7 @@ def _launch(args: argparse.Namespace, console: Console, ledger: Path, choose, na
         codes.append(result.exit_code)
         for name, outcome in sorted(result.hosts.items()):
             if outcome.failed or outcome.unreachable:  # the play was quiet: say why this relaunch did not happen
-                why = _first_line(list(reversed(outcome.messages))) or "the launch failed"
+                why = first_line(list(reversed(outcome.messages))) or "the launch failed"
                 console.print(f"  [red]not relaunched[/red] {escape(name)}: {escape(why)}")
     return errors.worst(codes)
 
@@ -465,8 +338,6 @@ def resume_key(name: str, doc: dict, cells: set[str] | frozenset = frozenset()) 
 
 def cells_of(host) -> set[str]:
     """The run ids of the sweep cells a prepared host acts on (rgt.memory.runs_acted_on)."""
-    from rgt import memory
-
     return {r["run_id"] for r in memory.runs_acted_on(host) if r.get("sweep")}
 
 
@@ -479,7 +350,7 @@ def _sleep(seconds: float) -> None:
 
 
 def cmd_watch(args: argparse.Namespace, console: Console) -> int:
-    hosts, extravars = _prepare(args)
+    hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(args.ledger)
     interval = float(args.interval if args.interval is not None else DEFAULT_INTERVAL_S)
     if interval <= 0:
@@ -573,9 +444,9 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
             console.print(f"notify: not flushed ({type(exc).__name__}: {exc})", highlight=False, markup=False)
     console.print(f"watch stopped after {ticks} tick(s): {reason}; exit {code}")
-    emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
-          "summary": summary, "sweeps": tallies, "stopped": "settled" if not schedule.active() else "max_ticks"},
-         args.json)
+    output.emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
+                 "summary": summary, "sweeps": tallies,
+                 "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
     return code
 
 
@@ -585,8 +456,6 @@ def _watch_summary(latest: dict[str, dict], ledger: Path | None = None, hosts: l
     empty when nothing was seen."""
     if not latest:
         return ""
-    from rgt import runreport, sweeps
-
     tallies = sweeps.tallies(ledger, hosts, every_run(latest)) if ledger is not None and hosts else []
     if not tallies:
         return runreport.glance(latest)
@@ -603,8 +472,6 @@ def _watch_summary(latest: dict[str, dict], ledger: Path | None = None, hosts: l
 
 def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console):
     """The notification rules of these hosts (rgt.notify), or None when no run asks for any."""
-    from rgt import notify
-
     notifier = notify.notifier_for(ledger, hosts, extravars, console)
     return notifier if notifier.active else None
 

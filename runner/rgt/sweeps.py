@@ -17,12 +17,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rgt import paths
+from rgt import memory, paths
 from rgt.errors import InputError
-from rgt.ledger import atomic_write_bytes, read_record
+from rgt.ledger import atomic_write_bytes
+from rgt.rosters import cell_job, read_roster, roster_path
 from rgt.safetext import printable
-
-ROSTER_SCHEMA = "rgt/roster/v1"
 
 
 def _lib():
@@ -32,40 +31,6 @@ def _lib():
 def sweep_job(host) -> dict | None:
     job = host.vars.get("rgt_job")
     return job if isinstance(job, dict) and job.get("sweep") else None
-
-
-def roster_path(ledger: Path, project: str, name: str) -> Path:
-    return ledger / "sweeps" / project / f"{name}.json"
-
-
-def _roster_problem(doc) -> str | None:
-    if not isinstance(doc, dict) or doc.get("schema") != ROSTER_SCHEMA:
-        return f"not an {ROSTER_SCHEMA} roster"
-    if not isinstance(doc.get("cells"), list) or not all(
-            isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("host"), str)
-            for c in doc["cells"]):
-        return "its cells are not a list of {id, host}"
-    if "job" in doc and not isinstance(doc["job"], dict):
-        return "its job is not a mapping"
-    return None
-
-
-def _read(path: Path) -> dict | None:
-    return read_record(path, _roster_problem, fix=f"restore {path} from a backup, or move it away: the next train "
-                       "then keeps each cell on the host the ledger's runs and the boxes' own roster of the sweep "
-                       "name (a cell never moves to another host)")
-
-
-def read_roster(ledger: Path, project: str, name: str) -> dict | None:
-    """The sweep's roster in the ledger, or None when there is none; a damaged one is refused (exit 2)."""
-    return _read(roster_path(ledger, project, name))
-
-
-def project_rosters(ledger: Path, project: str) -> list[dict]:
-    """Every roster of a project in the ledger (a damaged one is refused), newest first."""
-    folder = ledger / "sweeps" / project
-    docs = [_read(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    return sorted((d for d in docs if d), key=lambda d: str(d.get("created_at") or ""), reverse=True)
 
 
 def slots(job: dict) -> list[str]:
@@ -81,11 +46,6 @@ def slots(job: dict) -> list[str]:
     groups = [",".join(str(g * per_cell + i) for i in range(per_cell)) for g in range(count // per_cell)] \
         or [",".join(str(i) for i in range(count))]  # fewer GPUs than a cell asks for: one slot with them all
     return groups[:int(parallel)] if parallel else groups
-
-
-def cell_job(job: dict, cell: dict) -> dict:
-    """A cell of the roster as an ordinary run's job spec (module_util rgt_sweep.cell_job: one rule with the box)."""
-    return _lib().cell_job(job, cell)
 
 
 def groups(hosts: list) -> dict[tuple[str, str], list]:
@@ -123,8 +83,6 @@ def placed_before(ledger: Path | None, project: str, name: str, cell_ids: set[st
     """{cell id: host} for a sweep whose roster is not in the ledger, from what is known instead of a guess: the
     cells the ledger remembers launched on a host (rgt.memory) and the roster each box keeps (`look`, the hosts that
     can be asked before the play). A cell known on two hosts is refused (exit 2)."""
-    from rgt import memory
-
     found: dict[str, set[str]] = {}
     if ledger is not None:
         for host in memory.hosts_remembered(ledger):
@@ -194,21 +152,6 @@ def record(ledger: Path, item: dict) -> None:
                        (json.dumps(doc, indent=2, default=str) + "\n").encode())
 
 
-def roster_job(roster: dict) -> dict | None:
-    """The sweep's job as its roster keeps it, with `sweep.matrix` in the order its cells' run ids name the keys (a
-    roster written with sorted keys lost that order, and another order makes other run ids)."""
-    job = roster.get("job")
-    matrix = ((job or {}).get("sweep") or {}).get("matrix")
-    name = (job or {}).get("run_id") or (job or {}).get("name")
-    if not isinstance(matrix, dict) or len(matrix) < 2 or not name:
-        return job
-    for cell in roster.get("cells") or []:
-        keys = [part.split("=", 1)[0] for part in str(cell["id"])[len(name) + 2:].split("--")]
-        if sorted(keys) == sorted(matrix):  # a cell of the matrix names exactly its keys, in their order
-            return {**job, "sweep": {**job["sweep"], "matrix": {k: matrix[k] for k in keys}}}
-    return job
-
-
 def host_share(item: dict, host: str, retry: list[str] | None = None) -> dict:
     """The launch's `rgt_sweep` for one host: its cells in roster order, its slots, the roster, cells to retry."""
     cells = [{"id": c["id"], "command": c["command"], "env": c["env"], "params": c["params"]}
@@ -222,8 +165,6 @@ def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
     """For a play that looks at runs: each sweep host acts on its cells (rgt.memory.act_on: the first, and the
     others in the same round trip); the sweep's job leaves the extra vars (each host gets its own cell's job through
     the runner's inventory)."""
-    from rgt import memory
-
     if isinstance(extravars.get("rgt_job"), dict) and extravars["rgt_job"].get("sweep"):
         del extravars["rgt_job"]
     by_name = {h.name: h for h in hosts}
@@ -240,7 +181,7 @@ def expand(hosts: list, extravars: dict, items: list[dict]) -> None:
 
 def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only: bool = False,
             look: BoxLook | None = None) -> list[dict]:
-    """Before a play (rgt.cli.prepare, after rgt.memory.recall): a launching play (train, launch_detached) gets each
+    """Before a play (rgt.prepare, after rgt.memory.recall): a launching play (train, launch_detached) gets each
     sweep host's share as the host var rgt_sweep (through the runner's inventory); any other play sees each cell as
     a run (expand). Refuses a sweep on a profile whose detach primitive cannot run one (exit 2). `look`: how to
     read the boxes' own roster of a sweep the ledger keeps none of (not for a plan). Returns the sweeps' plans."""
@@ -318,8 +259,6 @@ def tally_line(t: dict, why=None) -> str:
 
 def in_scope(hosts: list) -> list[tuple[str, str]]:
     """(project, sweep) of every sweep whose cells these prepared hosts act on (rgt.memory.runs_acted_on)."""
-    from rgt import memory
-
     out: list[tuple[str, str]] = []
     for host in hosts:
         for run in memory.runs_acted_on(host):

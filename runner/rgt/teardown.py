@@ -21,7 +21,6 @@ asking again and without calling again. Ctrl-C during the play says which stops 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import confirmation, errors, paths
+from rgt import confirmation, errors, k8s_run, output, paths
+from rgt.inventory import read_inventory
 from rgt.ledger import ledger_dir, read_json, runs_dir
+from rgt.phases import run_playbook
+from rgt.prepare import prepare
+from rgt.profiles import verb_plan
 from rgt.safetext import printable
 
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
@@ -87,29 +90,10 @@ def instances_of(hosts: list, inventory: str, limit: str | None) -> list[Instanc
         by_id.setdefault(host.instance_id, []).append(host)
     everyone = {h.name: h.instance_id for h in hosts}
     if limit:  # a manifest may name a host of the same instance that --limit left out
-        from rgt.inventory import read_inventory
-
         everyone.update({name: hv.get("rgt_instance_id") for name, hv in read_inventory(inventory).items()})
     return [Instance(iid, sorted(group, key=lambda h: h.name),
                      sorted(name for name, other in everyone.items() if other == iid))
             for iid, group in by_id.items()]
-
-
-def verb_plan(inst: Instance) -> dict:
-    """What the verb does to this instance, from its profile: shown before the prompt and returned in --json."""
-    profile = inst.profile
-    meter = profile.get("meter_stop") or {}
-    api = meter.get("api") or {}
-    key_env = api.get("key_env")
-    key_set = bool(key_env and os.environ.get(key_env))
-    console = _gate.console_instead(meter, key_set)
-    return {"instance_id": inst.instance_id, "hosts": inst.names, "profile": profile.get("name"),
-            "verb": meter.get("verb") or "manual", "label": meter.get("label") or meter.get("verb"),
-            "reversible": bool(meter.get("reversible")), "deletes": _gate.deleted_mounts(profile),
-            "keeps_billing": list(meter.get("keeps_billing") or []), "api": bool(api.get("client")),
-            "key_env": key_env, "key_set": key_set if key_env else None, "console_steps": console,
-            "manual_steps": list(meter.get("manual_steps") or []) if (console or not api.get("client")) else [],
-            "clocks": _gate.clocks_started(profile)}
 
 
 def assess(inst: Instance, look, runs: Path, lib) -> dict:
@@ -270,10 +254,6 @@ def _look_code(items: list[dict]) -> int:
 
 
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
-    from rgt import k8s_run
-    from rgt.cli import prepare
-    from rgt.phases import run_playbook
-
     ns = argparse.Namespace(playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), extra_vars=args.extra_vars,
                             inventory=args.inventory, limit=args.limit, ledger=args.ledger)
     playbook, hosts, extravars = prepare(ns, pins=True)
@@ -453,14 +433,12 @@ def _interrupted(console: Console, doc: dict, instances: list[Instance], ledger:
 
 
 def _finish(console: Console, doc: dict, code: int, args: argparse.Namespace) -> int:
-    from rgt.cli import emit
-
     doc["exit_code"] = code
     doc["next"] = _next_step(doc, args.inventory)
     if doc["next"]:
         console.print(f"\nnext: {escape(doc['next'])}")
     console.print(f"exit {code} · ledger {escape(doc['ledger'])}")
-    emit(doc, args.json)
+    output.emit(doc, args.json)
     return code
 
 

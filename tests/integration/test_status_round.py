@@ -85,7 +85,7 @@ def fleet(tmp_path_factory):
 
 
 def prepared(fleet, limit):
-    from rgt.cli import prepare
+    from rgt.prepare import prepare
 
     ns = argparse.Namespace(inventory=str(fleet["inv"]), limit=limit, extra_vars=[], verbose=0,
                             ledger=str(fleet["root"] / "ledger"), playbook="monitor")
@@ -94,14 +94,14 @@ def prepared(fleet, limit):
 
 
 def test_the_monitor_role_and_the_round_give_the_same_document(fleet, monkeypatch):
-    from rgt import sshround, status
+    from rgt import observe, sshround
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(fleet["root"] / "cache"))
     ns, hosts, extravars = prepared(fleet, "live,done")
     console = Console(file=io.StringIO())
-    by_play = status.poll_play(ns, console, hosts, extravars, Path(ns.ledger))
+    by_play = observe.poll_play(ns, console, hosts, extravars, Path(ns.ledger))
     now = time.time()
-    by_round = {name: status.round_doc(name, out, now)
+    by_round = {name: observe.round_doc(name, out, now)
                 for name, out in sshround.status_round(ns.inventory, hosts, extravars).items()}
     assert set(by_play) == set(by_round) == {"live", "done"}
     assert by_round["live"]["state"] == "running" and by_round["done"]["state"] == "finished"

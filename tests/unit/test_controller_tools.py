@@ -1,4 +1,4 @@
-"""The programs a command runs on this machine, named before any box is touched (rgt.phases): rsync for the plays
+"""The programs a command runs on this machine, named before any box is touched (rgt.prepare): rsync for the plays
 that move files, ssh for boxes reached over SSH, kubectl for Kubernetes hosts."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rgt import errors, paths, phases
+from rgt import errors, paths, prepare
 from rgt.inventory import Host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,28 +23,28 @@ CLUSTER = host("cluster", "kubernetes")
 
 
 def test_each_command_needs_what_its_plays_run_here():
-    assert phases.controller_tools("train", [LOCAL]) == {"rsync": ["here"]}
-    assert phases.controller_tools("train", [LOCAL, BOX]) == {"ssh": ["box"], "rsync": ["here", "box"]}
-    assert phases.controller_tools("collect", [BOX]) == {"ssh": ["box"], "rsync": ["box"]}
-    assert phases.controller_tools("monitor", [LOCAL, BOX]) == {"ssh": ["box"]}
-    assert phases.controller_tools("smoke", [BOX]) == {}
-    assert phases.controller_tools("monitor", [CLUSTER]) == {"kubectl": ["cluster"]}
+    assert prepare.controller_tools("train", [LOCAL]) == {"rsync": ["here"]}
+    assert prepare.controller_tools("train", [LOCAL, BOX]) == {"ssh": ["box"], "rsync": ["here", "box"]}
+    assert prepare.controller_tools("collect", [BOX]) == {"ssh": ["box"], "rsync": ["box"]}
+    assert prepare.controller_tools("monitor", [LOCAL, BOX]) == {"ssh": ["box"]}
+    assert prepare.controller_tools("smoke", [BOX]) == {}
+    assert prepare.controller_tools("monitor", [CLUSTER]) == {"kubectl": ["cluster"]}
 
 
 def test_a_missing_program_is_an_input_error_naming_it_and_its_debian_package(tmp_path):
     with pytest.raises(errors.InputError) as refused:
-        phases.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
+        prepare.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
     assert refused.value.exit_code == errors.BAD_INPUT
     assert refused.value.field == "ssh" and "box" in refused.value.message
     assert "apt-get install openssh-client" in refused.value.fix
     (tmp_path / "ssh").write_text("#!/bin/sh\n")
     (tmp_path / "ssh").chmod(0o755)
     with pytest.raises(errors.InputError) as refused:
-        phases.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
+        prepare.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
     assert refused.value.field == "rsync" and "apt-get install rsync" in refused.value.fix
     (tmp_path / "rsync").write_text("#!/bin/sh\n")
     (tmp_path / "rsync").chmod(0o755)
-    phases.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
+    prepare.check_controller_tools("train", [LOCAL, BOX], path=str(tmp_path))
 
 
 def _roles(playbook: Path, seen: set) -> set:
@@ -71,4 +71,4 @@ def test_every_playbook_whose_roles_run_rsync_is_checked_for_it():
     movers = {p.parent.parent.name for p in (REPO / "roles").glob("*/tasks/*.yml") if "'rsync'" in p.read_text()}
     assert movers == {"collect", "upload_resume"}
     needing = {p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml") if _roles(p, set()) & movers}
-    assert needing == set(phases.RSYNC_PLAYBOOKS)
+    assert needing == set(prepare.RSYNC_PLAYBOOKS)

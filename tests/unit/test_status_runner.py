@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from rgt import status
+from rgt import observe, status
 from rgt.events import HostOutcome
 
 
@@ -28,11 +28,12 @@ def test_exit_code_order():
 
 def test_host_doc_never_turns_unreachable_into_a_job_state():
     out = HostOutcome(unreachable=True, messages=["ssh: connect to host x port 22: Connection timed out"])
-    doc = status.host_doc("h", out, 1.0)
+    doc = observe.host_doc("h", out, 1.0)
     assert doc == {"host": "h", "state": "unreachable", "error": "ssh: connect to host x port 22: Connection timed out"}
-    failed = status.host_doc("h", HostOutcome(failed=True, messages=["boom"]), 1.0)
+    failed = observe.host_doc("h", HostOutcome(failed=True, messages=["boom"]), 1.0)
     assert failed["state"] == "error"
-    good = status.host_doc("h", HostOutcome(results={"monitor_status_report": {"state": "running", "host": "vm"}}), 5.0)
+    good = observe.host_doc("h", HostOutcome(results={"monitor_status_report": {"state": "running", "host": "vm"}}),
+                            5.0)
     assert good["state"] == "running" and good["host"] == "h" and good["hostname"] == "vm" and good["seen_at"] == 5.0
 
 
@@ -54,7 +55,7 @@ class FakeWorld:
         self.polls = []
         self.relaunched = []
         hosts = [argparse.Namespace(name=h) for h in script]
-        monkeypatch.setattr(status, "_prepare", lambda args: (hosts, {"rgt_job": {"name": "x"}}))
+        monkeypatch.setattr(status, "prepare_hosts", lambda args: (hosts, {"rgt_job": {"name": "x"}}))
         monkeypatch.setattr(status, "_monotonic", lambda: self.clock)
         monkeypatch.setattr(status, "_sleep", self.sleep)
         monkeypatch.setattr(status, "poll", self.poll)
