@@ -22,9 +22,9 @@ __metaclass__ = type
 import datetime
 import json
 import os
-import tempfile
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_gate, rgt_registry, rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 
 API = "api"  # the key in STOPS of the stop every control-plane client verb shares
 
@@ -36,28 +36,13 @@ def _now():
 # ---------------------------------------------------------------- the records of an instance
 
 def write_record(path, record):
+    """The record as JSON at `path` (atomic: rgt_runlayout.atomic_write), its directory made when missing."""
     if not path:
         return
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         os.makedirs(directory)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    try:  # the rename itself survives a crash only once the directory is on disk
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    rl.atomic_write(path, json.dumps(record, indent=2, sort_keys=True) + "\n", 0o644)
 
 
 def record_paths(p):
@@ -74,19 +59,11 @@ def write_records(p, record):
         write_record(path, record)
 
 
-def read_record(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-
-
 def in_flight_record(p):
     """The first record of this instance that says a meter-stop call is in flight (rgt_cloud.record_state), or
     None: this run then polls and never calls again."""
     for path in record_paths(p):
-        record = read_record(path)
+        record = rl.read_json(path)
         if rgt_cloud.record_state(record, p["instance_id"]) == rgt_cloud.RECORD_IN_FLIGHT:
             return record
     return None

@@ -16,17 +16,12 @@ import pytest
 import yaml
 from rich.console import Console
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_detach
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_detach, rgt_meterstop
 from rgt import paths, profiles
 
 REPO = Path(__file__).resolve().parents[2]
 reg = paths.module_util("rgt_registry")
 
-
-def rgt_cloud_clients() -> dict:
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
-
-    return rgt_cloud.CLIENTS
 SHIPPED = profiles.profile_names()
 
 
@@ -99,8 +94,6 @@ def test_every_built_detach_primitive_has_its_class_and_every_class_its_entry():
 
 
 def test_every_meter_stop_verb_has_its_class_and_every_class_its_entry():
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_meterstop
-
     for entry in reg.METER_STOPS:
         assert entry.built, entry.name
         stop = rgt_meterstop.stop_of(entry)
@@ -144,7 +137,7 @@ def test_no_code_outside_the_registry_spells_a_registered_name_as_a_literal():
     distinctive += [e.name for e in reg.api_clients()]
     home = REPO / reg.HOME
     tables = {REPO / "plugins" / "module_utils" / "rgt_detach.py": rgt_detach.DETACHES,
-              REPO / "plugins" / "module_utils" / "rgt_cloud.py": rgt_cloud_clients()}
+              REPO / "plugins" / "module_utils" / "rgt_cloud.py": rgt_cloud.CLIENTS}
     offenders = []
     for top in ("plugins", "runner", "roles", "playbooks"):
         for path in (REPO / top).rglob("*"):
@@ -242,8 +235,6 @@ def test_profiles_show_says_which_primitive_and_verb_and_whether_built():
 def test_the_teardown_role_alone_deletes_no_kubernetes_job():
     """Only the runner knows a kubernetes host's run Jobs (rgt.k8s_run, from the ledger): the role's delete_job
     calls nothing (never a Job named after the instance id) and says what does."""
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_meterstop
-
     record = {}
     assert rgt_meterstop.stop_of(reg.meter_stop("delete_job")).stop(None, record, None, None, None) is False
     assert record["final_state"].startswith("manual") and "rgt-run teardown" in record["final_state"]
