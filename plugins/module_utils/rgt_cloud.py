@@ -34,8 +34,6 @@ from urllib.parse import quote, urlencode
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry
-
 GONE = "gone"
 STOPPED = "stopped"
 UNKNOWN = "unknown — check the console"
@@ -164,8 +162,10 @@ def _error_text(doc):
 
 
 class Client(object):
-    """Base meter-stop client. Subclasses: `state(id)`, `stop(id)`, `gone(state, after_call)`."""
+    """Base meter-stop client. Subclasses: `name` (the registry's name of the client, `meter_stop.api.client`),
+    `state(id)`, `stop(id)`, `gone(state, after_call)`."""
 
+    name = None
     auth_scheme = "Bearer "
     reversible = False
     done_label = GONE
@@ -213,6 +213,7 @@ class Client(object):
 class RunPodRest(Client):
     """RunPod REST v2: DELETE /v2/pods/{id} → 204; GET /v2/pods/{id} until 404 (or status TERMINATED)."""
 
+    name = "runpod_rest"
     platform = "RunPod"
 
     def state(self, instance_id):
@@ -229,6 +230,7 @@ class RunPodRest(Client):
 class VastRest(Client):
     """vast.ai: DELETE /api/v0/instances/{id}/ then GET .../{id}/?owner=me until 404, null, exited or destroyed."""
 
+    name = "vast_rest"
     platform = "vast.ai"
 
     def state(self, instance_id):
@@ -257,6 +259,7 @@ class VastRest(Client):
 class LambdaRest(Client):
     """Lambda Cloud: POST /instance-operations/terminate (client timeout), GET /instances/{id} until terminated."""
 
+    name = "lambda_rest"
     platform = "Lambda Cloud"
 
     def state(self, instance_id):
@@ -288,6 +291,7 @@ class LambdaRest(Client):
 class PaperspaceRest(Client):
     """Paperspace: DELETE /machines/{id}, GET /machines/{id} until 404; then list what still bills (never delete)."""
 
+    name = "paperspace_rest"
     platform = "Paperspace"
     LISTS = (("public-ips", "public IP"), ("storage", "storage volume"), ("snapshots", "snapshot"))
 
@@ -323,6 +327,7 @@ class PaperspaceRest(Client):
 class AutoDLToken(Client):
     """AutoDL Pro API: POST .../pro/power_off {instance_uuid} (reversible 关机), GET .../pro/status until shutdown."""
 
+    name = "autodl_token"
     platform = "AutoDL"
     auth_scheme = ""  # `Authorization: <developer token>`, no Bearer
     reversible = True
@@ -349,8 +354,9 @@ class AutoDLToken(Client):
         self._check(doc, "power_off")
 
 
-# The clients by name: the API verbs of the registry (rgt_registry.METER_STOPS, each naming its class here).
-CLIENTS = dict((entry.name, globals()[entry.client_class]) for entry in rgt_registry.api_clients())
+# The clients by the registry's name (built from the classes; every API verb of rgt_registry.METER_STOPS has its
+# class here and every class its entry there: tests/unit/test_registry.py).
+CLIENTS = dict((cls.name, cls) for cls in (RunPodRest, VastRest, LambdaRest, PaperspaceRest, AutoDLToken))
 
 
 def make_client(api, **kw):

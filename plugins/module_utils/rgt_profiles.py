@@ -217,7 +217,7 @@ def _semantic_errors(data: dict, source: str, expected_name: str | None) -> list
         )
     if (
         ms.get("api") is None
-        and ms.get("verb") not in [e.name for e in rgt_registry.METER_STOPS if not e.client_class]
+        and ms.get("verb") not in [e.name for e in rgt_registry.METER_STOPS if not e.api]
         and not ms.get("manual_steps")
     ):
         errors.append(

@@ -2,16 +2,18 @@
 # Copyright: rgt contributors
 # SPDX-License-Identifier: Apache-2.0
 """The registries of detach primitives and meter-stop verbs: the one place that says which exist, what each needs
-and whether it is built (usable now). To add one, add an entry here, then its implementation where the entry says
-(``impl``); the unit tests (tests/unit/test_registry.py) hold the two together.
+and whether it is built (usable now). To add one, add an entry here, then its class in the table that implements
+its kind (below); the unit tests (tests/unit/test_registry.py) hold the registry and the tables together.
 
 - Detach primitives (a profile's ``detach.primitive`` / ``detach.fallback``): how the job wrapper keeps running
-  after SSH goes away. rgt_launch starts a built one with its function ``start_<impl>``; one that runs on the
-  controller (k8s-job) is started by the runner's ``rgt.k8s_run.start_<impl>``, and rgt_launch refuses it.
+  after SSH goes away. rgt_launch starts a built one with its class in ``rgt_detach.DETACHES`` (keyed by the
+  class's ``name``, the entry's name); one that runs on the controller (k8s-job) has its class there too, which
+  names the runner's function that starts it (``rgt.k8s_run.start_k8s_job``), and rgt_launch refuses it.
 - Meter-stop verbs: how teardown stops paying. A profile's verb is ``meter_stop.api.client`` when it has an API
-  (each control-plane client of rgt_cloud), else ``meter_stop.verb`` (scancel, delete_job, manual, none), and
-  ``manual`` for an action word (terminate, release, ...) that has no API, only console steps. rgt_teardown runs
-  a verb with its function ``stop_<impl>``; an API verb's client class is ``client_class`` in rgt_cloud.
+  (``api``: a control-plane client, its class in ``rgt_cloud.CLIENTS`` by the same name), else ``meter_stop.verb``
+  (scancel, delete_job, manual, none), and ``manual`` for an action word (terminate, release, ...) that has no API,
+  only console steps. rgt_teardown runs a verb with its class in ``rgt_meterstop.STOPS`` (one class for every API
+  client, the others by name).
 - Meter actions: the words ``meter_stop.verb`` and ``alternatives[].verb`` may also use for what an API call or a
   console step does (power_off, stop, terminate, ...).
 
@@ -34,31 +36,30 @@ HOME = "plugins/module_utils/rgt_registry.py"
 class Entry(object):
     """One registered primitive or verb.
 
-    name: the word a profile uses. what: one line for people. built: usable now. impl: the suffix of the function
-    that implements it (rgt_launch ``start_<impl>``, rgt_teardown ``stop_<impl>``), None while not built.
-    runs_on: where it acts (box, login node, controller). binaries: programs it needs there, on PATH.
-    env: environment variables it needs on the controller (a ``<field>`` names the profile field that holds the
-    name). profile_fields / job_fields: what it reads from the profile / the job spec. instead: what to use while
-    it is not built. client_class: for an API verb, its client class in rgt_cloud. sweeps: how a detach
-    primitive runs a sweep (rgt_launch): "queue" (a queue on the box starts the cells as slots free), "array" (one
-    scheduler job array per launch), None (it runs no sweeps)."""
+    name: the word a profile uses (and the ``name`` of its class: rgt_detach, rgt_meterstop, rgt_cloud). what: one
+    line for people. built: usable now (its class exists). runs_on: where it acts (box, login node, controller).
+    binaries: programs it needs there, on PATH. env: environment variables it needs on the controller (a
+    ``<field>`` names the profile field that holds the name). profile_fields / job_fields: what it reads from the
+    profile / the job spec. instead: what to use while it is not built. api: a meter-stop verb that is a
+    control-plane client (its class in rgt_cloud). sweeps: how a detach primitive runs a sweep (rgt_launch):
+    "queue" (a queue on the box starts the cells as slots free), "array" (one scheduler job array per launch),
+    None (it runs no sweeps)."""
 
-    __slots__ = ("name", "what", "built", "impl", "runs_on", "binaries", "env", "profile_fields", "job_fields",
-                 "instead", "client_class", "sweeps")
+    __slots__ = ("name", "what", "built", "runs_on", "binaries", "env", "profile_fields", "job_fields",
+                 "instead", "api", "sweeps")
 
-    def __init__(self, name, what, built, impl=None, runs_on="box", binaries=(), env=(), profile_fields=(),
-                 job_fields=(), instead=None, client_class=None, sweeps=None):
+    def __init__(self, name, what, built, runs_on="box", binaries=(), env=(), profile_fields=(),
+                 job_fields=(), instead=None, api=False, sweeps=None):
         self.name = name
         self.what = what
         self.built = built
-        self.impl = impl
         self.runs_on = runs_on
         self.binaries = tuple(binaries)
         self.env = tuple(env)
         self.profile_fields = tuple(profile_fields)
         self.job_fields = tuple(job_fields)
         self.instead = instead
-        self.client_class = client_class
+        self.api = api
         self.sweeps = sweeps
 
     def as_dict(self):
@@ -83,16 +84,16 @@ _API_FIELDS = ("meter_stop.api.base_url", "meter_stop.api.key_env")
 _API_ENV = ("<meter_stop.api.key_env>",)
 
 DETACH_PRIMITIVES = (
-    Entry("tmux", "a tmux session on the box, named after the run (rgt-<project>/<run_id>)", True, impl="tmux",
+    Entry("tmux", "a tmux session on the box, named after the run (rgt-<project>/<run_id>)", True,
           binaries=("tmux",), sweeps="queue"),
     Entry("nohup", "a new session (setsid, stdin /dev/null, output to logs/wrapper.log): no hangup reaches it",
-          True, impl="nohup", sweeps="queue"),
+          True, sweeps="queue"),
     Entry("sbatch", "a Slurm batch job submitted from the login node; the wrapper runs inside the allocation",
-          True, impl="sbatch", runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
+          True, runs_on="login node", binaries=("sbatch", "squeue", "scontrol"),
           profile_fields=("roots.durable (on the cluster's shared filesystem)",), job_fields=("slurm",),
           sweeps="array"),
     Entry("k8s-job", "a Kubernetes Job from generated manifests, the wrapper as the container's entrypoint, "
-          "applied by rgt-run from the controller", True, impl="k8s_job", runs_on="controller",
+          "applied by rgt-run from the controller", True, runs_on="controller",
           binaries=("kubectl",), env=("KUBECONFIG",), profile_fields=("roots.durable (the PVC)",),
           job_fields=("k8s", "python", "gpu.count", "env", "secrets")),
     Entry("vast-onstart", "vast.ai's /root/onstart.sh, run on every container start, relaunches the wrapper", False,
@@ -102,24 +103,24 @@ DETACH_PRIMITIVES = (
 )
 
 METER_STOPS = (
-    Entry("runpod_rest", "RunPod REST API: DELETE the pod (terminate) or stop it", True, impl="api",
-          runs_on="controller", env=_API_ENV, profile_fields=_API_FIELDS, client_class="RunPodRest"),
-    Entry("vast_rest", "vast.ai REST API: DELETE the instance (destroy)", True, impl="api", runs_on="controller",
-          env=_API_ENV, profile_fields=_API_FIELDS, client_class="VastRest"),
-    Entry("lambda_rest", "Lambda Cloud API: terminate the instance", True, impl="api", runs_on="controller",
-          env=_API_ENV, profile_fields=_API_FIELDS, client_class="LambdaRest"),
-    Entry("paperspace_rest", "Paperspace API: delete the machine", True, impl="api", runs_on="controller",
-          env=_API_ENV, profile_fields=_API_FIELDS, client_class="PaperspaceRest"),
+    Entry("runpod_rest", "RunPod REST API: DELETE the pod (terminate) or stop it", True, runs_on="controller",
+          env=_API_ENV, profile_fields=_API_FIELDS, api=True),
+    Entry("vast_rest", "vast.ai REST API: DELETE the instance (destroy)", True, runs_on="controller",
+          env=_API_ENV, profile_fields=_API_FIELDS, api=True),
+    Entry("lambda_rest", "Lambda Cloud API: terminate the instance", True, runs_on="controller",
+          env=_API_ENV, profile_fields=_API_FIELDS, api=True),
+    Entry("paperspace_rest", "Paperspace API: delete the machine", True, runs_on="controller",
+          env=_API_ENV, profile_fields=_API_FIELDS, api=True),
     Entry("autodl_token", "AutoDL Pro API: power off (关机, reversible); console steps without the token", True,
-          impl="api", runs_on="controller", env=_API_ENV, profile_fields=_API_FIELDS, client_class="AutoDLToken"),
-    Entry("scancel", "cancel the Slurm job on the login node and watch it end (scontrol)", True, impl="scancel",
+          runs_on="controller", env=_API_ENV, profile_fields=_API_FIELDS, api=True),
+    Entry("scancel", "cancel the Slurm job on the login node and watch it end (scontrol)", True,
           runs_on="login node", binaries=("scancel", "scontrol")),
     Entry("delete_job", "kubectl delete job <name> for each Job rgt launched for the host (rgt-run teardown; the "
-          "claim is kept); the teardown role alone calls nothing and says so", True, impl="delete_job",
+          "claim is kept); the teardown role alone calls nothing and says so", True,
           runs_on="controller", binaries=("kubectl",)),
-    Entry("manual", "nothing is called: the user follows the profile's console steps", True, impl="manual",
+    Entry("manual", "nothing is called: the user follows the profile's console steps", True,
           runs_on="controller", profile_fields=("meter_stop.manual_steps",)),
-    Entry("none", "nothing bills: nothing to stop", True, impl="none", runs_on="controller"),
+    Entry("none", "nothing bills: nothing to stop", True, runs_on="controller"),
 )
 
 # What an API call or a console step does; allowed in meter_stop.verb (with an API or console steps) and in
@@ -163,12 +164,12 @@ def meter_stop_names():
 
 def api_clients():
     """The meter-stop verbs that are control-plane clients (rgt_cloud classes)."""
-    return [e for e in METER_STOPS if e.client_class]
+    return [e for e in METER_STOPS if e.api]
 
 
 def verb_words():
     """Every word meter_stop.verb and alternatives[].verb may hold."""
-    return list(METER_ACTIONS) + [e.name for e in METER_STOPS if not e.client_class]
+    return list(METER_ACTIONS) + [e.name for e in METER_STOPS if not e.api]
 
 
 def _listing(entries):
@@ -182,10 +183,10 @@ def meter_stop_of(meter):
     api = meter.get("api") or {}
     if api:
         entry = meter_stop(api.get("client"))
-        return entry.name if entry is not None and entry.client_class else None
+        return entry.name if entry is not None and entry.api else None
     verb = meter.get("verb")
     entry = meter_stop(verb)
-    if entry is not None and not entry.client_class:
+    if entry is not None and not entry.api:
         return entry.name
     return "manual" if verb in METER_ACTIONS else None
 
@@ -213,7 +214,7 @@ def profile_problems(profile):
     api = meter.get("api")
     if isinstance(api, dict) and "client" in api:
         entry = meter_stop(api.get("client"))
-        if entry is None or not entry.client_class:
+        if entry is None or not entry.api:
             problems.append(("meter_stop.api.client",
                              "%r is not a registered control-plane client" % (api.get("client"),),
                              "use one of: %s (%s), or api: null with manual_steps"

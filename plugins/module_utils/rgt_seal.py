@@ -264,7 +264,7 @@ def copy_log(dir_fd, name, dst, max_bytes, source, share=1):
 def _array_logs(paths):
     """(sweep logs dir, [file names]) of a sweep cell that ran as a Slurm array task (its .rgt/slurm.json names
     the array and the sweep dir): Slurm wrote the task's output to <sweep_dir>/logs/slurm-<array>_<task>.out
-    (rgt_launch.submit_array). None for any other run."""
+    (rgt_detach.Sbatch.submit_array). None for any other run."""
     record = rgt_slurm.read_record(paths.meta) or {}
     sweep_dir = record.get("comment")
     if record.get("array_job_id") is None or not isinstance(sweep_dir, str):

@@ -255,7 +255,7 @@ def live_jobs(job_name, comment, run=run_argv):
 # rgt_job.slurm's resource fields, each one sbatch option (rgt_launch passes only the fields set)
 RESOURCE_FLAGS = (("partition", "--partition"), ("gres", "--gres"), ("cpus_per_task", "--cpus-per-task"),
                   ("mem", "--mem"), ("time", "--time"), ("account", "--account"), ("qos", "--qos"))
-ARRAY_OPTION = "--array"  # a sweep's cells as one job array (rgt_launch submit_array)
+ARRAY_OPTION = "--array"  # a sweep's cells as one job array (rgt_detach.Sbatch.submit_array)
 WRAP_OPTION = "--wrap"  # a command sbatch would run instead of the batch script rgt passes
 # sbatch's one-letter forms of the options above (sbatch(1))
 SHORT_FORMS = {"-J": "--job-name", "-o": "--output", "-p": "--partition", "-c": "--cpus-per-task", "-t": "--time",

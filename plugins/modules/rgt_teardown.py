@@ -210,20 +210,10 @@ rc_hint:
   type: int
 """
 
-import datetime
-import json
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
-    rgt_cloud,
-    rgt_gate,
-    rgt_manifest,
-    rgt_registry,
-    rgt_slurm,
-)
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gate, rgt_manifest
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_meterstop as ms
 
 
 def check_gate(p):
@@ -233,138 +223,6 @@ def check_gate(p):
         return {"passed": False, "reasons": [problem], "runs": [], "others": [], "notes": []}
     return rgt_gate.evaluate(p["instance_id"], p["instance_hosts"] or [p["host"]], p["box_runs"], p["runs_dir"],
                              p["profile"], rgt_manifest, unlisted=p["unlisted_hosts"])
-
-
-def write_record(path, record):
-    if not path:
-        return
-    directory = os.path.dirname(path) or "."
-    if not os.path.isdir(directory):
-        os.makedirs(directory)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    try:  # the rename itself survives a crash only once the directory is on disk
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-def record_paths(p):
-    """Every record of this instance: I(ledger_path), and with I(ledger_dir) the file of each of its hosts."""
-    out = [p["ledger_path"]] if p["ledger_path"] else []
-    if p["ledger_dir"]:
-        for name in sorted(set((p["instance_hosts"] or []) + [p["host"]])):
-            out.append(os.path.join(p["ledger_dir"], name + ".json"))
-    return [path for i, path in enumerate(out) if path not in out[:i]]
-
-
-def write_records(p, record):
-    for path in record_paths(p):
-        write_record(path, record)
-
-
-def read_record(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-
-
-def in_flight_record(p):
-    """The first record of this instance that says a meter-stop call is in flight (rgt_cloud.record_state), or
-    None: this run then polls and never calls again."""
-    for path in record_paths(p):
-        record = read_record(path)
-        if rgt_cloud.record_state(record, p["instance_id"]) == rgt_cloud.RECORD_IN_FLIGHT:
-            return record
-    return None
-
-
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
-
-
-# One function per meter-stop verb of rgt_registry (``stop_<impl>``): each fills the record (final_state, calls),
-# may add to `extra` (warnings, remote_jobs) and returns whether it changed anything. `earlier`: the record of a
-# stop in flight (only an API verb makes one), else None.
-
-def stop_api(module, p, api, record, extra, base, gate, earlier=None):
-    """A control-plane client (rgt_cloud): look, record the intent, call once, record the answer, poll until gone.
-    `earlier`: the record of a stop in flight (poll only, keep its calls), else None."""
-    resume = earlier is not None
-    before = list(earlier.get("calls") or []) if resume else []
-    try:
-        client = rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
-    except rgt_cloud.CloudError as exc:
-        module.fail_json(msg=exc.message, kind=exc.kind, gate=gate, calls=[], **base)
-
-    def on_call(stage):
-        # right before the call and once it is answered: a run killed from here on leaves a stop in flight
-        record.update(calls=before + client.calls, final_state=rgt_cloud.REQUESTED, at=_now())
-        record.setdefault("requested_at", record["at"])
-        write_records(p, record)
-
-    try:
-        outcome = rgt_cloud.teardown(client, p["instance_id"], poll_timeout_s=p["poll_timeout_s"],
-                                     poll_interval_s=p["poll_interval_s"], resume_poll=resume, on_call=on_call)
-    except rgt_cloud.CloudError as exc:
-        calls = before + client.calls
-        record.update(calls=calls, final_state=rgt_cloud.UNKNOWN if any(
-            c.get("method") != "GET" for c in calls) else "not stopped", at=_now(), error=exc.message)
-        write_records(p, record)
-        module.fail_json(msg="%s: %s" % (p["instance_id"], exc.message), kind=exc.kind, gate=gate,
-                         **dict(base, **record))
-    still = client.leftovers(p["instance_id"]) if outcome["final_state"] != rgt_cloud.UNKNOWN else []
-    final = ("already " + outcome["final_state"]) if outcome["already"] else outcome["final_state"]
-    record.update(calls=before + client.calls, final_state=final, at=_now(), states=outcome["states"])
-    extra.update(warnings=extra.get("warnings", []) + outcome["warnings"], still_billing=still)
-    if still:
-        record["keeps_billing"] = record["keeps_billing"] + still
-    if final == rgt_cloud.UNKNOWN:
-        record["last_seen"] = outcome.get("last_seen")
-        write_records(p, record)
-        module.fail_json(msg="%s: the platform did not report the instance gone within %.0f s (last seen: %s); "
-                         "not calling again — %s" % (p["instance_id"], p["poll_timeout_s"],
-                                                     outcome.get("last_seen"), rgt_cloud.UNKNOWN),
-                         gate=gate, **dict(base, **dict(record, **extra)))
-    return outcome["stop_called"] or resume
-
-
-def stop_none(module, p, api, record, extra, base, gate, earlier=None):
-    record.update(final_state="nothing to stop", at=_now())
-    return False
-
-
-def stop_scancel(module, p, api, record, extra, base, gate, earlier=None):
-    """The role runs each command on the login node and watches each job end."""
-    record.update(final_state="scancel requested on the login node", at=_now())
-    extra["remote_jobs"] = rgt_slurm.teardown_jobs(p["instance_id"], p["box_runs"])
-    return True
-
-
-def stop_delete_job(module, p, api, record, extra, base, gate, earlier=None):
-    """A Kubernetes host's meter is its run's Jobs, which only the runner knows by name (rgt.k8s_run, from the
-    ledger): the role alone deletes nothing and says how (never a Job named after the instance id)."""
-    record.update(final_state="manual — nothing was called: `rgt-run teardown` deletes this host's run Jobs by "
-                              "name (kubectl delete job <name>; the claim is kept)", at=_now())
-    return False
-
-
-def stop_manual(module, p, api, record, extra, base, gate, earlier=None):
-    record.update(final_state="manual — nothing was called: follow the steps in the platform console", at=_now())
-    return False
 
 
 def main():
@@ -389,69 +247,38 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    profile = p["profile"]
-    meter = profile.get("meter_stop") or {}
-    verb = meter.get("verb") or "manual"
-    reversible = bool(meter.get("reversible"))
-    keeps = list(meter.get("keeps_billing") or [])
-    base = dict(instance_id=p["instance_id"], verb=verb, label=meter.get("label") or verb, reversible=reversible,
-                resumed=False,
-                deletes=rgt_gate.deleted_mounts(profile), keeps_billing=keeps,
-                manual_steps=list(meter.get("manual_steps") or []), post_check=meter.get("post_check") or "",
-                clocks=rgt_gate.clocks_started(profile))
+    base = ms.base_result(p)
 
-    # the verb that stops this meter, from the registry: an unregistered or unbuilt one is bad input, nothing read
-    method = rgt_registry.meter_stop(rgt_registry.meter_stop_of(dict(meter, verb=verb)))
-    if method is None or not method.built:
-        problems = rgt_registry.profile_problems(profile)
-        field, message, fix = problems[0] if problems else (
-            "meter_stop", "%r has no registered meter-stop verb that is built" % verb,
-            "use one of: " + ", ".join(e.name for e in rgt_registry.METER_STOPS if e.built))
+    # 1. decide the verb (the registry): an unregistered or unbuilt one is bad input, nothing read or called
+    entry, refused = ms.verb_problem(p["profile"])
+    if refused:
+        field, message, fix = refused
         module.fail_json(msg="%s: %s. Fix: %s" % (field, message, fix), field=field, rc_hint=2, changed=False,
                          **base)
 
-    # a stop an earlier run requested and did not see through: poll it, call nothing, gate nothing (the box may
-    # be gone already, and a poll destroys nothing)
-    earlier = None
-    if method.client_class and p["resume_poll"] is not False:
-        earlier = in_flight_record(p)
-        if earlier is None and p["resume_poll"]:
-            earlier = {"calls": []}
+    # 2. gate check: a stop an earlier run requested is polled without the gate; else the gate, all local
+    earlier = ms.earlier_stop(p, entry)
     if earlier is not None:
         base["resumed"] = True
-        note = ("the %s of %s was requested by an earlier run (at %s) that did not see it end: polling it, calling "
-                "nothing" % (verb, p["instance_id"], earlier.get("requested_at") or earlier.get("at") or "an unknown "
-                             "time"))
-        gate = {"instance_id": p["instance_id"], "hosts": p["instance_hosts"] or [p["host"]], "passed": True,
-                "reasons": [], "runs": [], "others": [], "roots": [], "notes": [note]}
+        gate = ms.resumed_gate(p, earlier, base["verb"])
     else:
         gate = check_gate(p)
     if not gate["passed"]:
-        module.fail_json(msg="teardown refused for %s (%s %s): %s" % (p["host"], verb, p["instance_id"],
+        module.fail_json(msg="teardown refused for %s (%s %s): %s" % (p["host"], base["verb"], p["instance_id"],
                                                                       "; ".join(gate["reasons"])),
                          rc_hint=3, gate=gate, changed=False, **base)
-
     if module.check_mode:
         module.exit_json(changed=True, gate=gate, final_state="not called (check mode): would %s %s" % (
-            "poll" if earlier is not None else verb, p["instance_id"]), calls=[], **base)
+            "poll" if earlier is not None else base["verb"], p["instance_id"]), calls=[], **base)
 
-    record = dict(instance_id=p["instance_id"], verb=verb, reversible=reversible, calls=[], final_state=None,
-                  keeps_billing=keeps, at=None)
-    if earlier is not None and earlier.get("requested_at"):
-        record["requested_at"] = earlier["requested_at"]
+    # 3. call and 4. poll: the verb's class (an API verb records its intent before the call)
+    record = ms.new_record(p, earlier)
     extra = {}
-    api = meter.get("api") or {}
-    if method.client_class and earlier is None:
-        try:
-            rgt_cloud.make_client(api, base_url=p["base_url"], http_timeout=p["http_timeout_s"])
-        except rgt_cloud.CloudError as exc:
-            if exc.kind == "auth" and rgt_gate.console_instead(meter, False):
-                # a reversible stop with no API key (AutoDL's 关机 is a console click for most users): the console
-                # steps are the way, not an error; with the key set, rgt makes the call itself
-                extra["warnings"] = ["%s; follow the console steps below instead" % exc.message]
-                method = rgt_registry.meter_stop("manual")
-    changed = globals()["stop_" + method.impl](module, p, api, record, extra, base, gate, earlier)
-    write_records(p, record)
+    stop = ms.choose(module, entry, earlier, extra)
+    changed = stop.stop(module, record, extra, base, gate, earlier)
+
+    # 5. record (atomic, the file of every host of the instance)
+    ms.write_records(p, record)
     module.exit_json(changed=changed, gate=gate, **dict(base, **dict(record, **extra)))
 
 

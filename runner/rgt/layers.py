@@ -9,8 +9,8 @@ at the top of docs/internals.md is held to it too). Every module of runner/rgt/ 
 - commands: what each subcommand does, and what the commands share: input preparation (prepare), the summary of
   a play (report), watch's notifications (notify).
 - engines: where a run is launched, looked at, pulled and stopped: plays through ansible-runner (phases), the SSH
-  status round (sshround) and the code it ships (bundle), one look at every host (observe), Kubernetes (k8s manifests, k8s_engine's kubectl,
-  k8s_run).
+  status round (sshround) and the code it ships (bundle), one look at every host (observe), Kubernetes (k8s
+  manifests, k8s_engine's kubectl, k8s_run).
 - core: the facts every layer reads and writes, reaching no box: errors, paths, the ledger and its records (runs
   remembered, sweep rosters), inventory, job spec, profiles, output.
 - module_utils: plugins/module_utils/, the collection's code shared with the box (Python 3.6+, stdlib only),

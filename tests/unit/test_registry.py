@@ -1,11 +1,13 @@
 """The registries of detach primitives and meter-stop verbs (plugins/module_utils/rgt_registry.py) are the one home:
-every shipped profile names registered ones, each built one has its implementation where the registry says, no
-other file keeps a list of the names, a profile naming an unregistered one is refused when loaded (field named),
+every shipped profile names registered ones, each built one has its class in its table (rgt_detach.DETACHES,
+rgt_meterstop.STOPS, rgt_cloud.CLIENTS) and each class its entry, no code dispatches by a name built from a string,
+no other file keeps a list of the names, a profile naming an unregistered one is refused when loaded (field named),
 and a launch through one that is registered but not built is refused (field named, what to use instead)."""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import re
 from pathlib import Path
@@ -14,10 +16,12 @@ import pytest
 import yaml
 from rich.console import Console
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud, rgt_detach, rgt_meterstop
 from rgt import paths, profiles
 
 REPO = Path(__file__).resolve().parents[2]
 reg = paths.module_util("rgt_registry")
+
 SHIPPED = profiles.profile_names()
 
 
@@ -46,9 +50,9 @@ def test_every_shipped_profile_names_registered_primitives_and_verbs(name):
 def test_the_engines_not_built_yet_are_registered_and_say_what_to_use_instead():
     for name in ("vast-onstart",):
         entry = reg.detach(name)
-        assert entry is not None and entry.built is False and entry.impl is None and entry.instead
+        assert entry is not None and entry.built is False and name not in rgt_detach.DETACHES and entry.instead
     assert [e.name for e in reg.DETACH_PRIMITIVES if e.built] == ["tmux", "nohup", "sbatch", "k8s-job"]
-    assert reg.detach("sbatch").impl == "sbatch" and reg.detach("k8s-job").runs_on == "controller"
+    assert "sbatch" in rgt_detach.DETACHES and reg.detach("k8s-job").runs_on == "controller"
     assert reg.meter_stop_of(raw("slurm")["meter_stop"]) == "scancel"
     assert reg.meter_stop_of(raw("kubernetes")["meter_stop"]) == "delete_job"
     assert reg.meter_stop_of(raw("runpod")["meter_stop"]) == "runpod_rest"
@@ -68,31 +72,53 @@ def test_each_entry_says_what_it_needs():
 # --- one home: implementations follow the registry, nobody else lists the names --------------------------
 
 
-def test_every_built_entry_has_its_implementation_and_nothing_else_dispatches():
-    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
-    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_launch, rgt_teardown
-    from rgt import k8s_run
-
+def test_every_built_detach_primitive_has_its_class_and_every_class_its_entry():
     for entry in reg.DETACH_PRIMITIVES:
-        assert (entry.impl is not None) == entry.built, entry.name
-        if entry.built:  # the box's (rgt_launch) or, for one started from the controller, the runner's
-            home = k8s_run if entry.runs_on == "controller" else rgt_launch
-            assert callable(getattr(home, "start_" + entry.impl)), entry.name
-    starters = {n[len("start_"):] for n in dir(rgt_launch) if n.startswith("start_")}
-    assert starters == {e.impl for e in reg.DETACH_PRIMITIVES if e.built and e.runs_on != "controller"}
-    assert {n[len("start_"):] for n in dir(k8s_run) if n.startswith("start_")} == {
-        e.impl for e in reg.DETACH_PRIMITIVES if e.built and e.runs_on == "controller"}
+        assert (entry.name in rgt_detach.DETACHES) == entry.built, entry.name
+    for name, cls in rgt_detach.DETACHES.items():
+        entry = reg.detach(name)
+        assert entry is not None and entry.built and cls.name == name, name
+        assert issubclass(cls, rgt_detach.Detach) and rgt_detach.get(name).entry is entry
+        # one that runs on the controller (k8s-job) says so: its class names the runner's function that starts it
+        assert (cls.started_by is not None) == (entry.runs_on == "controller"), name
+        if cls.started_by:
+            module, _, function = cls.started_by.rpartition(".")
+            assert callable(getattr(importlib.import_module(module), function)), cls.started_by
+        # a primitive that runs sweeps as a job array submits it (the others start the sweep's queue)
+        assert (entry.sweeps == "array") == hasattr(cls, "submit_array"), name
+    assert rgt_detach.get(reg.AUTO) is None and rgt_detach.get("vast-onstart") is None
     # the launch role on a box refuses a primitive the controller starts, naming the command that does
     field, message, fix = reg.launch_problem("k8s-job", where="box")
     assert field == "detach.primitive" and "from the controller" in message and "rgt-run train" in fix
     assert reg.launch_problem("k8s-job") is None
+
+
+def test_every_meter_stop_verb_has_its_class_and_every_class_its_entry():
     for entry in reg.METER_STOPS:
-        assert entry.built and callable(getattr(rgt_teardown, "stop_" + entry.impl)), entry.name
-    stoppers = {n[len("stop_"):] for n in dir(rgt_teardown) if n.startswith("stop_")}
-    assert stoppers == {e.impl for e in reg.METER_STOPS}
+        assert entry.built, entry.name
+        stop = rgt_meterstop.stop_of(entry)
+        assert isinstance(stop, rgt_meterstop.MeterStop)
+        assert stop.name == (rgt_meterstop.API if entry.api else entry.name), entry.name
+    assert set(rgt_meterstop.STOPS) == {e.name for e in reg.METER_STOPS if not e.api} | {rgt_meterstop.API}
+    for name, cls in rgt_meterstop.STOPS.items():
+        assert cls.name == name and issubclass(cls, rgt_meterstop.MeterStop), name
+    # the API verbs: one client class each, keyed by the registry's name
     assert set(rgt_cloud.CLIENTS) == {e.name for e in reg.api_clients()}
-    for entry in reg.api_clients():
-        assert rgt_cloud.CLIENTS[entry.name] is getattr(rgt_cloud, entry.client_class)
+    for name, cls in rgt_cloud.CLIENTS.items():
+        assert cls.name == name and issubclass(cls, rgt_cloud.Client), name
+
+
+def test_nothing_dispatches_by_a_name_built_from_a_string():
+    """No `globals()[...]`, `globals().get(...)` of a name (a dunder like `__loader__` is no dispatch), nor a
+    `getattr(..., "start_" ...)` style lookup, in the collection or the runner."""
+    built = re.compile(r"""globals\(\)\s*(?:\[|\.get\()(?!\s*["']__\w+__["']\s*\))"""
+                       r"""|getattr\([^)\n]*["'](?:start|stop|live|wait)_""")
+    offenders = []
+    for top in ("plugins", "runner/rgt"):
+        for path in (REPO / top).rglob("*.py"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            offenders += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in built.finditer(text)]
+    assert offenders == []
 
 
 def test_the_profile_schema_keeps_no_second_list_of_the_names():
@@ -105,9 +131,13 @@ def test_the_profile_schema_keeps_no_second_list_of_the_names():
 
 
 def test_no_code_outside_the_registry_spells_a_registered_name_as_a_literal():
+    """Besides the registry, a name is spelled once more only as the `name` of the class that implements it, in its
+    table's module (held to the registry by the tests above)."""
     distinctive = [e.name for e in reg.DETACH_PRIMITIVES if e.name not in ("tmux", "nohup")]
     distinctive += [e.name for e in reg.api_clients()]
     home = REPO / reg.HOME
+    tables = {REPO / "plugins" / "module_utils" / "rgt_detach.py": rgt_detach.DETACHES,
+              REPO / "plugins" / "module_utils" / "rgt_cloud.py": rgt_cloud.CLIENTS}
     offenders = []
     for top in ("plugins", "runner", "roles", "playbooks"):
         for path in (REPO / top).rglob("*"):
@@ -115,7 +145,9 @@ def test_no_code_outside_the_registry_spells_a_registered_name_as_a_literal():
                 continue
             text = path.read_text(encoding="utf-8", errors="replace")
             for name in distinctive:
-                if re.search(r"""["']%s["']""" % re.escape(name), text):
+                spelled = len(re.findall(r"""["']%s["']""" % re.escape(name), text))
+                bound = len(re.findall(r"""^    name = ["']%s["']$""" % re.escape(name), text, re.M))
+                if spelled != (bound if name in tables.get(path, {}) else 0) or bound > 1:
                     offenders.append(f"{path.relative_to(REPO)}: {name}")
     assert offenders == []
 
@@ -203,8 +235,6 @@ def test_profiles_show_says_which_primitive_and_verb_and_whether_built():
 def test_the_teardown_role_alone_deletes_no_kubernetes_job():
     """Only the runner knows a kubernetes host's run Jobs (rgt.k8s_run, from the ledger): the role's delete_job
     calls nothing (never a Job named after the instance id) and says what does."""
-    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_teardown
-
     record = {}
-    assert rgt_teardown.stop_delete_job(None, {"instance_id": "gke-ml"}, None, record, None, None, None) is False
+    assert rgt_meterstop.stop_of(reg.meter_stop("delete_job")).stop(None, record, None, None, None) is False
     assert record["final_state"].startswith("manual") and "rgt-run teardown" in record["final_state"]

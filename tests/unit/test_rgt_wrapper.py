@@ -280,7 +280,7 @@ def test_wrapper_refuses_a_second_instance(paths):
 # ---------------------------------------------------------------- the module's pure helpers
 
 def test_module_helpers():
-    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_launch as m
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_launchplan as m
 
     assert m.omp_from_quota(None, 100000) is None
     assert m.omp_from_quota(250000, 100000) == 2

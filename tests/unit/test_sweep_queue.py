@@ -145,7 +145,7 @@ class Sweep:
         return rl.RunPaths(self.root, PROJECT, cell)
 
     def write_job(self, cell, cmd):
-        """job.json as rgt_launch.job_document writes it (the fields the wrapper reads)."""
+        """job.json as rgt_launchplan.job_document writes it (the fields the wrapper reads)."""
         paths = self.paths(cell)
         rl.atomic_write_json(paths.job, {
             "schema": 1, "run_id": cell, "project": PROJECT, "run_dir": paths.run_dir, "session": paths.session(),
