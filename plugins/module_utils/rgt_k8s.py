@@ -12,13 +12,14 @@ the claim itself unless the job spec names an existing one. Pure: dicts in, dict
   ``network_env`` the profile's rendered ``network.env``, ``stage`` what the run dir is staged from (below).
   Bad input raises ``K8sError(field, message, fix)``.
 - Staging (no ``kubectl exec``): ``stage`` maps the ConfigMap's files to their contents, read by the caller
-  (runner/rgt/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``job.json`` (text) and, when the
-  code is shipped (``rgt_job.code_dir``), ``code.tar.gz`` (bytes). They become the ConfigMap ``stage.yaml``, and
-  the pod gets an init container ``stage`` in the user's image that runs ``rgt_k8s_stage.py <run_dir>`` with the
-  claim at the durable root and the ConfigMap read-only at ``/rgt-stage``: it installs the wrapper, job.json and
-  ``code-<hash8>/`` on the claim at every pod start (roles/launch_detached/files/rgt_k8s_stage.py). Without
-  ``stage`` the Job expects a run dir staged otherwise. ``code_dir(job, paths, hash8)`` is the code dir job.json
-  names: ``code-<hash8>`` of the shipped code, else ``rgt_job.k8s.workdir`` (the code in the image).
+  (runner/rgt/k8s.py): ``rgt_k8s_stage.py``, ``wrapper.py``, ``rgt_runlayout.py``, ``rgt_states.py``, ``job.json``
+  (text) and, when the code is shipped (``rgt_job.code_dir``), ``code.tar.gz`` (bytes). They become the ConfigMap
+  ``stage.yaml``, and the pod gets an init container ``stage`` in the user's image that runs
+  ``rgt_k8s_stage.py <run_dir>`` with the claim at the durable root and the ConfigMap read-only at ``/rgt-stage``:
+  it installs the wrapper, job.json and ``code-<hash8>/`` on the claim at every pod start
+  (roles/launch_detached/files/rgt_k8s_stage.py). Without ``stage`` the Job expects a run dir staged otherwise.
+  ``code_dir(job, paths, hash8)`` is the code dir job.json names: ``code-<hash8>`` of the shipped code, else
+  ``rgt_job.k8s.workdir`` (the code in the image).
 - ``check(manifests, job, profile, paths)``: the rules the OpenAPI schema cannot say (kubernetes-validate checks
   types, required fields and unknown fields; the runner runs it): ``restartPolicy`` Never or OnFailure, an
   ``nvidia.com/gpu`` limit equal to the job's GPU count, the claim name of the durable volume matching the claim,
@@ -67,7 +68,7 @@ STAGE_CONTAINER = "stage"  # the init container that stages the run dir on the c
 STAGE_VOLUME = "rgt-stage"
 STAGE_MOUNT = "/rgt-stage"  # where the ConfigMap is mounted read-only in the stage container
 STAGE_SCRIPT = "rgt_k8s_stage.py"
-STAGE_TEXT_FILES = (STAGE_SCRIPT, "wrapper.py", "rgt_runlayout.py", "job.json")  # the ConfigMap's data
+STAGE_TEXT_FILES = (STAGE_SCRIPT, "wrapper.py", "rgt_runlayout.py", "rgt_states.py", "job.json")  # the ConfigMap's data
 STAGE_CODE = "code.tar.gz"  # its binaryData, when the code is shipped
 LABEL_PROJECT = "rgt/project"
 LABEL_RUN_ID = "rgt/run-id"

@@ -63,7 +63,7 @@ LOG_MAX_MB = 256  # the cap of one log file in the capsule unless log_max_mb (co
 DEFAULTS = dict(project="rgt", instance_id=None, job_name=None, outputs=(), declared_checkpoints=(), attempt=None,
                 force_unfinished=False, loader_python=None, log_max_mb=LOG_MAX_MB)
 # the module_utils a flat copy of this file needs beside it (the seal pod's ConfigMap)
-FLAT_MODULE_UTILS = ("rgt_seal", "rgt_manifest", "rgt_outputs", "rgt_runlayout", "rgt_slurm")
+FLAT_MODULE_UTILS = ("rgt_seal", "rgt_manifest", "rgt_outputs", "rgt_runlayout", "rgt_slurm", "rgt_states")
 
 
 class SealError(Exception):

@@ -34,7 +34,8 @@ description:
     first on C(PATH).
   - "Before a launch: the disk gate (free GiB on the durable root below O(disk_floor_gib) fails with C(rc_hint: 3)
     and a message containing C(DISK_GATE), nothing written), the layout directories, the wrapper files
-    (O(wrapper_content), O(runlayout_content), written only when different), and C(job.json) (atomic)."
+    (O(wrapper_content), O(runlayout_content), O(states_content), written only when different), and C(job.json)
+    (atomic)."
   - After the start it waits until the wrapper's heartbeat names the new attempt (at most
     O(first_heartbeat_timeout_s)); it never waits for the job itself.
   - Secrets never reach an argv; the wrapper sources O(secrets_file) inside bash.
@@ -113,6 +114,10 @@ options:
     type: str
   runlayout_content:
     description: Source of C(rgt_runlayout.py), installed next to the wrapper (mode 0644) at launch when different.
+    type: str
+  states_content:
+    description: Source of C(rgt_states.py) (the run-state vocabulary C(rgt_runlayout.py) imports), installed next
+      to it (mode 0644) at launch when different.
     type: str
   relaunch:
     description: Relaunch a preempted or dead run as attempt n+1.
@@ -256,7 +261,13 @@ from shlex import quote
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm, rgt_sweep
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
+    rgt_host,
+    rgt_registry,
+    rgt_slurm,
+    rgt_states,
+    rgt_sweep,
+)
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
 
@@ -545,9 +556,9 @@ def choose_detach(module, primitive, fallback, result):
 # ---------------------------------------------------------------- a host's share of a sweep (option `sweep`)
 
 def shown_state(state):
-    """How a run that is not live reads in the result, as status shows it (rgt_runlayout.last_state's never is
-    not_started; killed, a death by a signal that is no stop signal, is failed)."""
-    return {"never": "not_started", "killed": "failed"}.get(state, state)
+    """How a run that is not live reads in the result, as status shows it (rgt_states.shown: last_state's never
+    is not_started; killed, a death by a signal that is no stop signal, is failed)."""
+    return rgt_states.shown(state)
 
 
 def end_words(end):
@@ -569,7 +580,7 @@ def sweep_state(counts, total, settled):
         return "finished"
     if not settled:
         return "running"
-    return next((s for s in ("failed", "preempted", "dead") if counts.get(s)), "not_started")
+    return next((s for s in rgt_states.SWEEP_SHARE_ENDS if counts.get(s)), "not_started")
 
 
 def preflight(module, root, python, result, disk_gate=True):
@@ -590,6 +601,13 @@ def preflight(module, root, python, result, disk_gate=True):
                                  % (free, measured, p["disk_floor_gib"]), rc_hint=3, free_gib=round(free, 2),
                              **result)
     return secrets_file
+
+
+def install_layout(meta, p):
+    """rgt_runlayout.py and the rgt_states.py it imports, side by side in `meta` (beside the wrapper or the queue:
+    both import them from their own directory), each written only when different."""
+    rl.install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    rl.install(os.path.join(meta, "rgt_states.py"), p["states_content"], 0o644)
 
 
 def cell_view(paths, inc):
@@ -765,7 +783,7 @@ def launch_sweep(module, root, python, inc):
             if not os.path.isdir(directory):
                 os.makedirs(directory)
         rl.install(paths.wrapper, p["wrapper_content"], 0o755)
-        rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+        install_layout(paths.meta, p)
         old = rl.read_json(paths.job) or {}
         cell_code = code_dir if (p["use_new_code"] or state == "never") else old.get("code_dir") or code_dir
         doc = job_document(module, paths, rgt_sweep.cell_job(job, cell), cell_code, omp, python, secrets_file)
@@ -774,7 +792,7 @@ def launch_sweep(module, root, python, inc):
             doc["data_dir"] = data_dir
         rl.atomic_write_json(paths.job, doc, 0o600)
         rl.atomic_write_json(os.path.join(paths.meta, "sweep.json"), {"sweep": name, "sweep_dir": sweep_dir})
-        if state in rl.FAILED_ENDS:
+        if state in rgt_states.FAILED_ENDS:
             rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
                                  {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if array:
@@ -783,7 +801,7 @@ def launch_sweep(module, root, python, inc):
         report_array(module, name, views, result)
     script = os.path.join(meta, "queue.py")
     rl.install(script, p["queue_content"], 0o755)
-    rl.install(os.path.join(meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    install_layout(meta, p)
     if not os.path.isfile(script):
         module.fail_json(msg="no sweep queue at %s (pass queue_content)" % script, **result)
     spec_path = os.path.join(meta, "queue.json")
@@ -862,6 +880,7 @@ def main():
             wrapper_src=dict(type="path"),
             wrapper_content=dict(type="str"),
             runlayout_content=dict(type="str"),
+            states_content=dict(type="str"),
             relaunch=dict(type="bool", default=True),
             relaunch_failed=dict(type="bool", default=False),
             first_heartbeat_timeout_s=dict(type="int", default=30),
@@ -943,13 +962,13 @@ def main():
                       "another run" % (p["run_id"], end.get("attempt")))
         module.exit_json(**result)
     shown = shown_state(state)
-    if state in rl.FAILED_ENDS and not p["relaunch_failed"]:
+    if state in rgt_states.FAILED_ENDS and not p["relaunch_failed"]:
         result.update(state=shown, msg="run %s %s (attempt %s, %s): not relaunched; read %s, then `rgt-run retry "
                       "-i INVENTORY %s` runs it once more from its newest checkpoint (or start a new "
                       "rgt_job.run_id)" % (p["run_id"], "was killed" if state == "killed" else "failed",
                                            end.get("attempt"), end_words(end), paths.log, p["run_id"]))
         module.exit_json(**result)
-    if state in rl.RESUMED_ENDS and not p["relaunch"]:
+    if state in rgt_states.RESUMED_ENDS and not p["relaunch"]:
         result.update(state=shown, msg="run %s is %s; relaunch is off: nothing started" % (p["run_id"], shown))
         module.exit_json(**result)
 
@@ -991,7 +1010,7 @@ def main():
             os.makedirs(directory)
     wrapper = p["wrapper_src"] or paths.wrapper
     rl.install(paths.wrapper, p["wrapper_content"], 0o755)
-    rl.install(os.path.join(paths.meta, "rgt_runlayout.py"), p["runlayout_content"], 0o644)
+    install_layout(paths.meta, p)
     if not os.path.isfile(wrapper):
         module.fail_json(msg="no wrapper at %s (pass wrapper_content or wrapper_src)" % wrapper, **result)
     doc = job_document(module, paths, job, code_dir, omp, python, secrets_file)

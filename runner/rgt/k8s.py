@@ -3,9 +3,10 @@ offline by kubernetes-validate (the Kubernetes OpenAPI schema of the stated vers
 are errors) and by rgt_k8s's own rules, rendered as YAML. Nothing here talks to a cluster.
 
 The run dir is staged onto the claim without `kubectl exec`: manifests_for reads what the init container installs
-(the stage script, the wrapper and rgt_runlayout from this repo, job.json from rgt_runlayout.job_document, and the
-code tree as a deterministic tar.gz) and rgt_k8s puts it into the run's ConfigMap (at most 1 MiB in Kubernetes;
-refused over STAGE_MAX_BYTES). The same spec and code give byte-identical manifests.
+(the stage script, the wrapper, rgt_runlayout and rgt_states from this repo, job.json from
+rgt_runlayout.job_document, and the code tree as a deterministic tar.gz) and rgt_k8s puts it into the run's
+ConfigMap (at most 1 MiB in Kubernetes; refused over STAGE_MAX_BYTES). The same spec and code give byte-identical
+manifests.
 
 kubernetes-validate is an optional dependency (the `k8s` extra, pinned in pyproject.toml); without it a kubernetes
 plan fails naming the install command. docs/kubernetes.md says what is checked and what is not.
@@ -32,10 +33,11 @@ from rgt.errors import InputError, RgtError
 VALIDATOR = "kubernetes-validate"
 VALIDATOR_PIN = "kubernetes-validate==1.37.0"
 MANIFEST_DIR = ".rgt/k8s"  # under the run dir: where the manifests of a run are written
-# what the stage container installs, from this repo (the launch role ships the same two files to a box)
+# what the stage container installs, from this repo (the launch role ships the same files to a box)
 STAGE_SOURCES = {"rgt_k8s_stage.py": ("roles", "launch_detached", "files", "rgt_k8s_stage.py"),
                  "wrapper.py": ("roles", "launch_detached", "files", "rgt_wrapper.py"),
-                 "rgt_runlayout.py": ("plugins", "module_utils", "rgt_runlayout.py")}
+                 "rgt_runlayout.py": ("plugins", "module_utils", "rgt_runlayout.py"),
+                 "rgt_states.py": ("plugins", "module_utils", "rgt_states.py")}
 # A ConfigMap holds at most 1 MiB (data + binaryData, base64 counted); the rest is left for the metadata
 STAGE_MAX_BYTES = 900 * 1024
 # code that large cannot compress into STAGE_MAX_BYTES (that would be over 36x): refused before it is read

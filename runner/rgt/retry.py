@@ -10,8 +10,10 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors
+from rgt import errors, paths
 from rgt.errors import InputError
+
+_states = paths.module_util("rgt_states")  # live: a retry that left the run running or queued worked
 
 HELP = "run one failed run or sweep cell once more (the user's word; a failed run is never retried blindly)"
 DESCRIPTION = """\
@@ -113,7 +115,7 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
         code = result.exit_code
         why = ((outcome.messages if outcome else None) or ["the launch failed"])[-1][:600]
         console.print(f"[red]not retried[/red]: {escape(why)}")
-    elif cell is not None and state in ("queued", "running"):
+    elif cell is not None and _states.is_live(state):
         code = errors.OK
         console.print(f"[green]{escape(args.cell)}: {state}[/green] (attempt {cell.get('attempt')})")
     else:

@@ -209,6 +209,8 @@ def test_launch_returns_at_once_and_the_run_finishes(box):
     assert stat.S_IMODE((box.meta / "wrapper.py").stat().st_mode) == 0o755
     assert (box.meta / "rgt_runlayout.py").read_bytes() == (
         REPO / "plugins/module_utils/rgt_runlayout.py").read_bytes()
+    assert (box.meta / "rgt_states.py").read_bytes() == (  # what rgt_runlayout imports from its own directory
+        REPO / "plugins/module_utils/rgt_states.py").read_bytes()
     done = box.wait_exit()
     assert done["reason"] == "finished" and done["rc"] == 0 and done["stop_signal"] is None
     log = (box.run_dir / "logs" / "job.log").read_text()

@@ -85,6 +85,8 @@ def test_the_stage_installs_what_the_wrapper_needs_and_the_code_under_its_hash(s
     assert wrapper.stat().st_mode & 0o7777 == 0o755
     layout = Path(paths.meta) / "rgt_runlayout.py"
     assert layout.read_bytes() == (REPO / "plugins" / "module_utils" / "rgt_runlayout.py").read_bytes()
+    states = Path(paths.meta) / "rgt_states.py"  # what rgt_runlayout imports from its own directory
+    assert states.read_bytes() == (REPO / "plugins" / "module_utils" / "rgt_states.py").read_bytes()
     job_json = Path(paths.job)
     assert job_json.read_text() == config_map["data"]["job.json"] and job_json.stat().st_mode & 0o7777 == 0o600
     # the code: code-<hash8> by the upload's rule, the same files, and job.json names it

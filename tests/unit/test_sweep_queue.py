@@ -19,6 +19,7 @@ FILES = REPO / "roles" / "launch_detached" / "files"
 QUEUE = FILES / "rgt_queue.py"
 WRAPPER = FILES / "rgt_wrapper.py"
 RUNLAYOUT = REPO / "plugins" / "module_utils" / "rgt_runlayout.py"
+STATES = REPO / "plugins" / "module_utils" / "rgt_states.py"  # what rgt_runlayout imports, installed beside it
 PROJECT = "proj"
 SWEEP = "abl"
 
@@ -116,8 +117,9 @@ def command(rc=0, sleep=1):
 
 
 class Sweep:
-    """A sweep the way rgt_launch lays it out: each cell an ordinary run dir (wrapper.py, rgt_runlayout.py and
-    job.json under .rgt/), and the sweep dir with queue.py, rgt_runlayout.py and queue.json."""
+    """A sweep the way rgt_launch lays it out: each cell an ordinary run dir (wrapper.py, rgt_runlayout.py,
+    rgt_states.py and job.json under .rgt/), and the sweep dir with queue.py, rgt_runlayout.py, rgt_states.py and
+    queue.json."""
 
     def __init__(self, tmp_path, commands, slots, poll_s=0.2):
         self.root = str(tmp_path / "durable")
@@ -129,6 +131,7 @@ class Sweep:
         (self.dir / "logs").mkdir()
         shutil.copy(QUEUE, self.meta / "queue.py")
         shutil.copy(RUNLAYOUT, self.meta / "rgt_runlayout.py")
+        shutil.copy(STATES, self.meta / "rgt_states.py")
         self.cells = list(commands)
         for cell, cmd in commands.items():
             paths = self.paths(cell)
@@ -136,6 +139,7 @@ class Sweep:
                 os.makedirs(d)
             shutil.copy(WRAPPER, paths.wrapper)
             shutil.copy(RUNLAYOUT, os.path.join(paths.meta, "rgt_runlayout.py"))
+            shutil.copy(STATES, os.path.join(paths.meta, "rgt_states.py"))
             self.write_job(cell, cmd)
         self.spec = {"project": PROJECT, "durable_root": self.root, "python": sys.executable, "sweep": SWEEP,
                      "cells": self.cells, "slots": slots, "generation": 1, "poll_s": poll_s}

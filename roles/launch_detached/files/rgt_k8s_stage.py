@@ -13,14 +13,15 @@ file, and the durable claim at the durable root. This script makes <run_dir> wha
   from the tarball, so it names the same code the upload would; job.json's code_dir must be that dir. Only plain
   files and dirs with safe relative names are accepted: an absolute name, '..', a symlink, a hard link or a
   device refuses the whole tarball;
-- .rgt/wrapper.py (0755), .rgt/rgt_runlayout.py (0644) and, last, .rgt/job.json (0600), each written atomically
-  (tmp + fsync + rename) and only when its bytes differ. Without code.tar.gz the code is in the image: job.json's
-  code_dir (rgt_job.k8s.workdir) must be a directory there.
+- .rgt/wrapper.py (0755), .rgt/rgt_runlayout.py and .rgt/rgt_states.py (0644) and, last, .rgt/job.json (0600),
+  each written atomically (tmp + fsync + rename) and only when its bytes differ. Without code.tar.gz the code is
+  in the image: job.json's code_dir (rgt_job.k8s.workdir) must be a directory there.
 
 Idempotent: the Job controller may start a new pod after an eviction, and a second run changes nothing. Exit 0
 when staged, 1 with one line on stderr when not (the pod then fails before the wrapper starts).
 
-Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the ConfigMap holds it).
+Stdlib only, Python 3.6+. Imports rgt_runlayout from its own directory (the ConfigMap holds it, and the rgt_states
+it imports).
 """
 
 import hashlib
@@ -43,7 +44,7 @@ CODE_TARBALL = "code.tar.gz"
 RECORD_PREFIX = "k8s."  # k8s.<file>: a manifest the run was applied from, kept as <run_dir>/.rgt/k8s/<file>
 # (file in the ConfigMap, path under <run_dir>/.rgt, mode); job.json last: it names the code dir staged before it
 INSTALLS = (("wrapper.py", "wrapper.py", 0o755), ("rgt_runlayout.py", "rgt_runlayout.py", 0o644),
-            ("job.json", "job.json", 0o600))
+            ("rgt_states.py", "rgt_states.py", 0o644), ("job.json", "job.json", 0o600))
 
 
 class StageError(Exception):
