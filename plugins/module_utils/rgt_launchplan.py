@@ -19,7 +19,7 @@ import os
 import signal
 import time
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_host, rgt_registry, rgt_slurm, rgt_states
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_detach import tail
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_proc import read
@@ -106,9 +106,9 @@ def expand_env(env):
 # ---------------------------------------------------------------- how a run that is not live reads
 
 def shown_state(state):
-    """How a run that is not live reads in the result, as status shows it (rgt_runlayout.last_state's never is
+    """How a run that is not live reads in the result, as status shows it (rgt_states.shown: last_state's never is
     not_started; killed, a death by a signal that is no stop signal, is failed)."""
-    return {"never": "not_started", "killed": "failed"}.get(state, state)
+    return rgt_states.shown(state)
 
 
 def end_words(end):
@@ -229,12 +229,12 @@ def not_started(paths, state, end, relaunch, relaunch_failed):
         return dict(state="finished", msg="run %s finished (attempt %s): pass a new rgt_job.run_id to start "
                     "another run" % (run_id, end.get("attempt")))
     shown = shown_state(state)
-    if state in rl.FAILED_ENDS and not relaunch_failed:
+    if state in rgt_states.FAILED_ENDS and not relaunch_failed:
         return dict(state=shown, msg="run %s %s (attempt %s, %s): not relaunched; read %s, then `rgt-run retry "
                     "-i INVENTORY %s` runs it once more from its newest checkpoint (or start a new "
                     "rgt_job.run_id)" % (run_id, "was killed" if state == "killed" else "failed",
                                          end.get("attempt"), end_words(end), paths.log, run_id))
-    if state in rl.RESUMED_ENDS and not relaunch:
+    if state in rgt_states.RESUMED_ENDS and not relaunch:
         return dict(state=shown, msg="run %s is %s; relaunch is off: nothing started" % (run_id, shown))
     return None
 

@@ -20,7 +20,7 @@ import os
 import time
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_launchplan as lp
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry, rgt_slurm, rgt_sweep
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry, rgt_slurm, rgt_states, rgt_sweep
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_detach import slurm_live, tail
 
@@ -163,7 +163,7 @@ def lay_out(module, sweep, to_write, code_dir, omp, python, secrets_file, result
             doc["data_dir"] = data_dir
         rl.atomic_write_json(paths.job, doc, 0o600)
         rl.atomic_write_json(os.path.join(paths.meta, "sweep.json"), {"sweep": sweep.name, "sweep_dir": sweep.dir})
-        if state in rl.FAILED_ENDS:
+        if state in rgt_states.FAILED_ENDS:
             rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
                                  {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
@@ -228,7 +228,7 @@ def sweep_state(counts, total, settled):
         return "finished"
     if not settled:
         return "running"
-    return next((s for s in ("failed", "preempted", "dead") if counts.get(s)), "not_started")
+    return next((s for s in rgt_states.SWEEP_SHARE_ENDS if counts.get(s)), "not_started")
 
 
 def _counted(counts):

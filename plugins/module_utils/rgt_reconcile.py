@@ -24,10 +24,9 @@ import time
 
 __metaclass__ = type
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout, rgt_slurm
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout, rgt_slurm, rgt_states
 
-STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started",
-          "queued", "timeout", "oom")  # the last three: runs under Slurm (with_slurm)
+# the states this module decides are rgt_states.BOX_STATES (queued, timeout and oom: with_slurm and with_queue)
 DEFAULT_STALL_AFTER_S = 600
 NO_PROGRESS_AFTER_S = 300  # a running attempt whose log shows no step or loss by then gets one warning
 DISK_PCT_MAX = 95
@@ -450,7 +449,7 @@ def with_queue(doc, queue):
     doc["sweep"] = queue.get("sweep")
     doc["queue_alive"] = bool(queue.get("alive"))
     if rgt_runlayout.will_start(queue, doc.get("run_id")) \
-            and doc["state"] in ("not_started", "preempted", "dead", "failed"):
+            and doc["state"] in rgt_states.RESTARTABLE:
         doc["state"] = "queued"
         doc["queue_reason"] = "waiting for a free slot in the queue of sweep %s" % queue.get("sweep")
     elif doc["state"] == "dead" and doc.get("attempt") is None and not queue.get("tried"):
@@ -553,7 +552,7 @@ def _reconcile(facts):
             doc["state"] = "preempted"
         else:  # failed, killed, or a reason this version does not know
             doc["state"] = "failed"
-            if reason not in ("failed", "killed"):
+            if reason not in rgt_states.FAILED_ENDS:
                 warnings.append("unknown exit reason %r counted as failed" % (reason,))
     elif wrapper_alive:
         doc["state"] = "running"
@@ -727,7 +726,7 @@ def with_slurm(doc, slurm, job=None):
             warnings.append("Slurm requeued job %s (%d restart%s): the next attempt resumes from the newest "
                             "checkpoint when it runs" % (slurm["job_id"], restarts, "" if restarts == 1 else "s"))
     elif state in rgt_slurm.ACTIVE:
-        if reason not in ("finished", "failed", "killed") and doc["state"] != "stalled":
+        if reason not in rgt_states.SELF_ENDS and doc["state"] != "stalled":
             doc["state"] = "running"  # also between two attempts of a requeue: the new wrapper is starting
     elif state == "TIMEOUT" or (state in ("COMPLETED", "FAILED") and reason == "preempted"
                                 and _near_limit(slurm, job)):
@@ -739,7 +738,7 @@ def with_slurm(doc, slurm, job=None):
         doc["state"] = "oom"
         attention.append(_attention("oom", "Slurm job %s ran out of memory: raise rgt_job.slurm.mem (MaxRSS x 1.2) "
                                     "or lower the job's memory use" % slurm["job_id"], job_id=slurm["job_id"]))
-    elif exit_doc and reason in ("finished", "failed", "killed"):
+    elif exit_doc and reason in rgt_states.SELF_ENDS:
         pass  # the wrapper's exit record already decided finished / failed
     elif state == "CANCELLED":
         doc["state"] = "dead"

@@ -4,7 +4,7 @@
 """The remote run layout (docs/internals.md "Run spine"): paths, atomic JSON, liveness, checkpoints.
 
 Shared by the launch module, the status module and the wrapper's own copy of the same rules. Runs on the box
-(Python 3.6+, stdlib only)."""
+(Python 3.6+, stdlib only). Imports rgt_states, the run-state vocabulary (a bundle carries it beside this file)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -20,6 +20,8 @@ import re
 import sys
 import tempfile
 import time
+
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_states
 
 NOT_COMPLETE_SUFFIXES = (".tmp", ".partial", ".part", ".incomplete")
 
@@ -452,17 +454,14 @@ def last_state(records, exit_doc):
 # What starts a run that is not live again (docs/job-spec.md "How a run ends"), one rule for a single run and a
 # sweep cell: a run that never ran, was preempted or died (its wrapper vanished) starts again with `rgt-run train`
 # (a preempted one also with `rgt-run watch` when the job says auto_resume); a failed or killed one (what status
-# shows as failed) only with `rgt-run retry`; a finished one never.
-RESUMED_ENDS = ("preempted", "dead")
-FAILED_ENDS = ("failed", "killed")
-
-
+# shows as failed) only with `rgt-run retry`; a finished one never. The groups are rgt_states'.
 def may_start(state, retry=False):
     """Whether a run that is not live, in `state` (last_state's word), starts now: never ran, preempted or dead
-    always; failed or killed only on a retry (the user's word); finished never."""
-    if state == "never" or state in RESUMED_ENDS:
+    always (rgt_states.STARTABLE); failed or killed only on a retry, the user's word (rgt_states.FAILED_ENDS);
+    finished never."""
+    if state in rgt_states.STARTABLE:
         return True
-    return bool(retry) and state in FAILED_ENDS
+    return bool(retry) and state in rgt_states.FAILED_ENDS
 
 
 def is_complete_checkpoint(name):

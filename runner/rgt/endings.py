@@ -10,6 +10,9 @@ import signal
 
 from rich.markup import escape
 
+from rgt import paths
+
+_states = paths.module_util("rgt_states")  # signal_shown: the states of a run a signal may have ended
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the wrapper's (roles/launch_detached/files/rgt_wrapper.py)
 
 
@@ -53,7 +56,7 @@ def next_step(doc: dict, args, host=None, watching: bool = False) -> tuple[str, 
     """(what happened, the command to run) for a run whose last attempt ended by a signal; None for any other."""
     exit_doc = (doc.get("evidence") or {}).get("exit") or {}
     what = how_it_ended(exit_doc)
-    if what is None or doc.get("state") not in ("preempted", "failed"):
+    if what is None or doc.get("state") not in _states.SIGNAL_SHOWN:
         return None
     attempt = exit_doc.get("attempt") or doc.get("attempt")
     run = str(doc.get("run_id") or "")

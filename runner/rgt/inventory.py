@@ -27,6 +27,9 @@ SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
 _sweep = paths.module_util("rgt_sweep")  # a sweep's cells and their run ids
 _slurm = paths.module_util("rgt_slurm")  # the sbatch options rgt passes itself
+_states = paths.module_util("rgt_states")  # the words of a notify rule's `on`, filled into the job schema
+# where in job.schema.json the enum of a notify rule's `on` words goes (generated: rgt_states.NOTIFY_EVENTS)
+NOTIFY_ON_WORD = ("$defs", "notify", "items", "properties", "on", "items", "then")
 
 
 @dataclass
@@ -55,16 +58,28 @@ class Host:
         return project if isinstance(project, str) and project else "rgt"
 
 
+def load_schema(name: str) -> dict:
+    """A schema of SCHEMA_DIR, with what it takes from the vocabularies: the job schema's notify `on` words are
+    rgt_states.NOTIFY_EVENTS (one home: a new run state a rule may ask for changes no schema file)."""
+    doc = json.loads((SCHEMA_DIR / name).read_text())
+    if name == "job.schema.json":
+        node = doc
+        for key in NOTIFY_ON_WORD:
+            node = node[key]
+        node["enum"] = list(_states.NOTIFY_EVENTS)
+    return doc
+
+
 def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
     """A validator for a schema file name (or an inline schema) that may $ref the other schemas in SCHEMA_DIR."""
     resources = []
     for schema_file in SCHEMA_DIR.glob("*.schema.json"):
-        doc = json.loads(schema_file.read_text())
+        doc = load_schema(schema_file.name)
         resources.append((schema_file.name, Resource.from_contents(doc)))
         resources.append((doc["$id"], Resource.from_contents(doc)))
     registry = Registry().with_resources(resources)
     if isinstance(schema, str):
-        schema = json.loads((SCHEMA_DIR / schema).read_text())
+        schema = load_schema(schema)
     # format checks too: a log pattern that is no regex is refused here, not on the box
     return jsonschema.Draft202012Validator(schema, registry=registry,
                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)

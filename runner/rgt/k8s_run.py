@@ -37,12 +37,13 @@ from rgt.profiles import verb_plan
 
 # the playbooks a kubernetes host runs through the engine (the others need a box to SSH into)
 PLAYBOOKS = ("train", "launch_detached")
-# an ended Job that train (and watch's auto_resume) replaces: its pod was evicted or preempted; a failed, timed
-# out or OOMKilled one is never relaunched (as on a box), a finished one is reported
-RELAUNCHED = ("preempted",)
-
 _layout = paths.module_util("rgt_runlayout")
 _gate = paths.module_util("rgt_gate")  # the teardown gate's rules, the same file the rgt_teardown module runs
+# an ended Job that train (and watch's auto_resume) replaces is in rgt_states.RESUMED (its pod was evicted or
+# preempted); a failed, timed out or OOMKilled one is never relaunched (as on a box), a finished one is reported.
+# A Job's state as the teardown gate's (rgt_gate.judge_run: live and queued block, finished needs a pull) is
+# rgt_states.gate_state.
+_states = paths.module_util("rgt_states")
 
 
 def is_k8s(host) -> bool:
@@ -152,7 +153,7 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bo
         outcomes[name] = out
         try:
             kc = tgt.kubectl()
-            relaunch = k8s_engine.observe(kc, tgt.job_name)["state"] in RELAUNCHED
+            relaunch = k8s_engine.observe(kc, tgt.job_name)["state"] in _states.RESUMED
             if relaunch:  # its pod was taken away: the ended Job goes, a new one resumes from the newest checkpoint
                 k8s_engine.delete(kc, tgt.job_name)
                 if new_code:
@@ -264,9 +265,6 @@ def pull(hosts: list, runs: Path, verify_only: bool, console):
 
 # ---------------------------------------------------------------- teardown
 
-# a Job's rgt state as the gate's run state (rgt_gate.judge_run): live and queued block, finished needs a pull
-_GATE_STATE = {"running": "live", "queued": "live", "finished": "finished", "preempted": "preempted",
-               "failed": "failed", "oom": "failed", "timeout": "failed"}
 CLAIM_NOTE = ("a Kubernetes claim is not listed from here: the runs are the Jobs rgt launched for this host (the "
               "ledger); the teardown deletes only those Jobs, and the claim with every file on it is kept")
 
@@ -324,7 +322,7 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
             root = f"claim {tgt.claim}:{tgt.run_paths.durable_root}"
             roots.append(root)
             rows.append({"project": tgt.run_paths.project, "run_id": tgt.run_id, "run_dir": tgt.run_paths.run_dir,
-                         "state": _GATE_STATE.get(seen["state"], seen["state"]), "attempt": seen.get("attempt"),
+                         "state": _states.gate_state(seen["state"]), "attempt": seen.get("attempt"),
                          "export": _export(runs, tgt.run_id, host.name)})
     listing = {"durable_root": ", ".join(dict.fromkeys(roots)) or None, "durable_mount": _mount(inst.profile, rows),
                "runs": rows}

@@ -49,7 +49,7 @@ def _stop_verbs(args: argparse.Namespace) -> set[str]:
     return {h.profile["meter_stop"]["verb"] for h in load_hosts(args.inventory, args.limit)}
 
 
-LIVE_STATES = ("running", "stalled", "queued")
+_states = paths.module_util("rgt_states")  # live: the run runs or will run
 
 
 def _remembered(ledger, hosts: list) -> bool:
@@ -73,11 +73,11 @@ def resume_point(runs: list[dict]) -> str:
     states = [r.get("state") for r in runs]
     if not runs:
         return "train"
-    if any(r.get("attention") for r in runs) and all(s in ("finished", *LIVE_STATES) for s in states):
+    if any(r.get("attention") for r in runs) and all(s == "finished" or _states.is_live(s) for s in states):
         return "watch"
     if all(s == "finished" for s in states):
         return "pull"
-    if all(s in ("finished", *LIVE_STATES) for s in states):
+    if all(s == "finished" or _states.is_live(s) for s in states):
         return "watch"
     return "train"
 

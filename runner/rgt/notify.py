@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import jobspec, runreport
+from rgt import jobspec, paths, runreport
 from rgt.ledger import atomic_write_json, read_json
 from rgt.safetext import printable
 
@@ -47,8 +47,7 @@ if TYPE_CHECKING:  # imported where a webhook is posted: urllib, http.client and
 
 SCHEMA = "rgt/notify/v2"
 SCHEMA_V1 = "rgt/notify/v1"  # {"last": {run, attempt, state, attention, seen_at}}: one run per host
-STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started")
-DEFAULT_ON = ("finished", "failed", "preempted", "dead", "attention")
+_states = paths.module_util("rgt_states")  # the states a rule may ask for, the default `on`, the colours
 HTTP_TIMEOUT_S = 5.0  # the whole POST: connect, send, the answer
 COMMAND_TIMEOUT_S = 10.0
 TICK_BUDGET_S = 15.0
@@ -59,8 +58,6 @@ BACKOFF_BASE_S = 5.0
 BACKOFF_CAP_S = 300.0
 MAX_TRIES = 8
 KEEP_EVENTS = 100
-COLORS = {"finished": "good", "running": "#1565c0", "preempted": "warning", "stalled": "warning",
-          "attention": "danger", "failed": "danger", "dead": "danger", "unreachable": "#9c27b0"}
 
 
 def rule_key(rule: dict) -> str:
@@ -73,7 +70,7 @@ def rule_label(rule: dict) -> str:
 
 
 def wants(rule: dict, kind: str, threshold: float | None = None) -> bool:
-    on = rule.get("on") or list(DEFAULT_ON)
+    on = rule.get("on") or list(_states.DEFAULT_ON)
     if kind == "unreachable":
         return any(isinstance(item, dict) and item.get("unreachable_for_s") == threshold for item in on)
     return kind in on
@@ -175,7 +172,7 @@ class Sender:
         if not url:
             return f"${name} is not set in this shell"
         body = json.dumps({"text": message["text"], "attachments": [{
-            "color": COLORS.get(message["kind"], "#9e9e9e"), "fallback": message["text"],
+            "color": _states.notify_color(message["kind"]), "fallback": message["text"],
             "fields": [{"title": k, "value": str(v), "short": len(str(v)) < 40}
                        for k, v in message["fields"].items()]}]}).encode()
         import urllib.request  # 9 ms with http.client and ssl: only a webhook's post needs it
@@ -258,7 +255,7 @@ def _fields(doc: dict) -> dict:
               "attempt": doc.get("attempt"), "step": doc.get("step"), "loss": doc.get("loss")}
     if isinstance(doc.get("cost_so_far"), (int, float)):
         fields["cost"] = f"${doc['cost_so_far']:.2f}"
-    if doc.get("state") not in (None, "unreachable", "error"):
+    if _states.from_the_box(doc.get("state")):
         try:
             lost = runreport.run_facts(doc).get("lost_s")
         except Exception:  # noqa: BLE001 - a figure a box's odd document cannot give is left out
@@ -289,7 +286,7 @@ def _state_detail(doc: dict) -> str:
         bits.append(f"step {doc['step']}")
     if doc.get("loss") is not None:
         bits.append(f"loss {doc['loss']}")
-    if state in ("failed", "dead"):
+    if state in _states.EXPLAINED:
         bits.extend(runreport.failure_bits(doc))  # why: its exit code, the last error line of its log
     if state == "preempted" and doc.get("auto_resume"):
         bits.append("auto_resume: relaunching")
@@ -375,7 +372,7 @@ class Notifier:
         if doc.get("state") == "unreachable":
             return self._unreachable(doc, state, now, rules)
         state["unreachable_since"] = None
-        runs = [r for r in _runs(doc) if r.get("state") not in (None, "error", "unreachable")]
+        runs = [r for r in _runs(doc) if _states.from_the_box(r.get("state"))]
         if runs:
             state["primary"] = doc.get("run_id")
             state["others"] = [r.get("run_id") for r in runs if r is not doc]

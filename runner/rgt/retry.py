@@ -10,11 +10,13 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, k8s_run, memory, output
+from rgt import errors, k8s_run, memory, output, paths
 from rgt.errors import InputError
 from rgt.ledger import ledger_dir
 from rgt.phases import run_playbook
 from rgt.prepare import prepare
+
+_states = paths.module_util("rgt_states")  # live: a retry that left the run running or queued worked
 
 HELP = "run one failed run or sweep cell once more (the user's word; a failed run is never retried blindly)"
 DESCRIPTION = """\
@@ -109,7 +111,7 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
         code = result.exit_code
         why = ((outcome.messages if outcome else None) or ["the launch failed"])[-1][:600]
         console.print(f"[red]not retried[/red]: {escape(why)}")
-    elif cell is not None and state in ("queued", "running"):
+    elif cell is not None and _states.is_live(state):
         code = errors.OK
         console.print(f"[green]{escape(args.cell)}: {state}[/green] (attempt {cell.get('attempt')})")
     else:

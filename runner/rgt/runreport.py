@@ -47,10 +47,7 @@ A box that is gone is reported from the data saved by the last report or status.
 Exit codes: 0 every report written, 1 a run got no report (the box gave no status, no data), 2 --run names no run of the
 inventory, 4 every run without a report is on a box that did not answer, with nothing saved about the run."""
 
-BILLED_AFTER_END = ("finished", "failed", "dead", "killed")
-LOST_REASONS = ("preempted", "killed", "dead", "failed")
-REASON_COLOR = {"finished": "#2e7d32", "preempted": "#f9a825", "failed": "#c62828", "killed": "#c62828",
-                "dead": "#6d4c41", "running": "#1565c0", "unknown": "#9e9e9e"}
+_states = paths.module_util("rgt_states")  # end reasons (billed after the end, lost compute), colours, groups
 
 
 def _hist():
@@ -88,7 +85,7 @@ def attempt_rows(doc: dict, now: float) -> list[dict]:
         slot = slots.setdefault(number, {"start": None, "end": None})
         slot["start" if "started_at" in record else "end"] = record
     logged = {a.get("attempt"): a for a in (history.get("loss") or {}).get("attempts") or []}
-    live = doc.get("state") in ("running", "stalled")
+    live = doc.get("state") in _states.ACTIVE
     box_now = now - clock_offset(doc)
     rows = []
     for number in sorted(slots):
@@ -110,7 +107,7 @@ def attempt_rows(doc: dict, now: float) -> list[dict]:
                      "steps_per_s": done / wall if done and done > 0 and wall else None,
                      "recomputed_steps": None, "lost_s": None})
     for row, following in zip(rows, rows[1:], strict=False):
-        if row["reason"] not in LOST_REASONS or row["last_step"] is None:
+        if row["reason"] not in _states.LOST_REASONS or row["last_step"] is None:
             continue
         resumed = following["resumed_from_step"]
         if resumed is None:
@@ -136,7 +133,7 @@ def run_facts(doc: dict, *, now: float | None = None, teardown_at: float | None 
     last = rows[-1] if rows else None
     idle_s = None
     billed_until = None
-    if last and not last["running"] and last["reason"] in BILLED_AFTER_END and last["ended_at"] is not None:
+    if last and not last["running"] and last["reason"] in _states.BILLED_AFTER_END and last["ended_at"] is not None:
         billed_until = teardown_at if teardown_at is not None else now
         idle_s = max(0.0, billed_until - offset - last["ended_at"])
     series = ((doc.get("history") or {}).get("gpu") or {}).get("series") or {}
@@ -177,12 +174,12 @@ def glance(docs: dict[str, dict], facts: dict[str, dict] | None = None, label: s
         counts.setdefault(str(doc.get("state") or "?"), []).append(host)
     total = len(docs)
     parts = [f"{len(counts.get('finished', []))}/{total} finished"]
-    for state in ("running", "stalled", "preempted", "failed", "dead", "not_started", "error", "unreachable"):
+    for state in _states.GLANCE:
         hosts = counts.get(state)
         if not hosts:
             continue
         text = f"{len(hosts)} {state.replace('_', ' ')}"
-        if state in ("failed", "dead", "error"):
+        if state in _states.EXPLAINED:
             text += " (" + "; ".join(why_failed(h, docs[h]) for h in hosts) + ")"
         parts.append(text)
     line = ", ".join(parts) + "; " + losses_and_cost(facts.values())
@@ -315,7 +312,7 @@ def steps_figure(doc: dict, facts: dict):
         if resumed is None:
             continue
         for ax in axes:
-            ax.axvline(resumed, color=REASON_COLOR.get(row["reason"], "#555"), ls="--", lw=1,
+            ax.axvline(resumed, color=_states.REPORT_COLORS.get(row["reason"], "#555"), ls="--", lw=1,
                        label=f"{row['reason']}, then resumed from this step")
             if row["recomputed_steps"]:
                 ax.axvspan(resumed, row["last_step"], color=RECOMPUTED_COLOR, alpha=0.2,
@@ -387,7 +384,8 @@ def time_figure(doc: dict, facts: dict):
     for y, row in enumerate(rows):
         width = (row["wall_s"] or 0) / 60.0
         bars.broken_barh([(minutes(row["started_at"]), max(width, 0.01))], (y - 0.35, 0.7),
-                         color=REASON_COLOR.get(row["reason"], REASON_COLOR["unknown"]), label=row["reason"])
+                         color=_states.REPORT_COLORS.get(row["reason"], _states.REPORT_COLORS["unknown"]),
+                         label=row["reason"])
         step = f" at step {row['last_step']}" if row["last_step"] is not None else ""
         bars.text(minutes(row["started_at"]) + width, y, f"  {row['reason']}{step}", va="center", fontsize=7)
     labels = [f"attempt {r['attempt']}" for r in rows]
@@ -689,7 +687,7 @@ def sweep_rows(s: dict) -> list[dict]:
         state = r["state"] if r["run_state"] in (None, r["state"]) else f"{r['state']} ({r['run_state']})"
         v = r["verified"]
         rows.append({"cell": r["cell"], "host": _d(r["host"]), "label": _d(r["label"]), "state": _d(state),
-                     "bad": r["state"] in ("missing", "failed", "duplicate", "unreachable"),
+                     "bad": r["state"] in _states.CELL_BAD,
                      "attempts": _d(r["attempts"]), "final_loss": _d(r["final_loss"]),
                      "wall_min": _fmt(r["wall_s"] and r["wall_s"] / 60, ".2f"), "cost": _fmt(r["cost"], ".4f"),
                      "pulled": bool(v), "verified_files": _d(v.get("files")) if v else None, "source": r["source"]})
@@ -806,12 +804,9 @@ def write_sweep_report(root: Path, ledger: Path, roster: dict, docs: list[dict],
             "hosts": hosts, "cells": rows}
 
 
-SETTLED = ("finished", "failed", "dead")
-
-
 def _settled(doc: dict | None, run_id: str | None) -> bool:
     """A status the box cannot change any more: the run ended, and the document carries its history."""
-    return (isinstance(doc, dict) and doc.get("state") in SETTLED and doc.get("history") is not None
+    return (isinstance(doc, dict) and doc.get("state") in _states.SETTLED and doc.get("history") is not None
             and run_id is not None and doc.get("run_id") == run_id)
 
 

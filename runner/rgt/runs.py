@@ -23,7 +23,7 @@ from rgt.ledger import ledger_dir, read_json, runs_dir
 from rgt.safetext import printable
 
 HELP = "list the runs this project launched (from the local ledger; touches no box)"
-BILLING_STATES = ("running", "stalled")  # the run's box time still counts while it is in one of these
+_states = paths.module_util("rgt_states")  # active: the run's box time still counts while it is in one of these
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def one_row(host: str, run: dict, seen: dict, runs: Path, now: float) -> dict:
     else:
         source, state, attempts = "launch", run.get("state"), run.get("attempt")
         since = _epoch(run.get("launched_at"))  # the current attempt's launch: it bills from then while it runs
-        wall = max(0.0, now - since) if since is not None and state in (*BILLING_STATES, None) else None
+        wall = max(0.0, now - since) if since is not None and state in (*_states.ACTIVE, None) else None
     if cost is None and priced and isinstance(wall, (int, float)):
         cost = round(price * wall / 3600.0, 4)
     return {"host": host, "run_id": run.get("run_id"), "project": run.get("project"), "state": state,

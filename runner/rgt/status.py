@@ -35,14 +35,10 @@ from rgt.phases import run_playbook
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
+_states = paths.module_util("rgt_states")  # the run states, their groups and styles, one home
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90
 DEFAULT_MAX_TICKS = 120
-FAILED_STATES = ("failed", "dead", "preempted", "not_started", "error", "timeout", "oom")
-TERMINAL_STATES = ("finished", "failed", "dead", "not_started", "error", "timeout", "oom")
-STATE_STYLE = {"running": "green", "finished": "green", "stalled": "yellow", "preempted": "yellow",
-               "failed": "red", "dead": "red", "error": "red", "unreachable": "magenta", "not_started": "dim",
-               "queued": "cyan", "timeout": "red", "oom": "red"}
 
 
 # ---------------------------------------------------------------- one look
@@ -60,7 +56,7 @@ def exit_code(docs: dict[str, dict], tallies: list[dict] = ()) -> int:
         return errors.REFUSED
     if any(d.get("attention") for d in values) or any(t["counts"].get("duplicate") for t in tallies):
         return errors.ATTENTION
-    if any(d.get("state") in FAILED_STATES for d in values) or any(t["counts"].get("missing") for t in tallies):
+    if any(_states.is_failed(d.get("state")) for d in values) or any(t["counts"].get("missing") for t in tallies):
         return errors.FAILED
     if any(d.get("state") == "unreachable" for d in values):
         return errors.UNREACHABLE
@@ -133,7 +129,7 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
     for name, host_doc_ in sorted(docs.items()):
         for doc in (host_doc_, *(host_doc_.get("other_runs") or [])):
             f = {k: escape(printable(v)) for k, v in summary_fields(doc).items()}  # box text: no controls, no markup
-            style = STATE_STYLE.get(doc.get("state"), "white")
+            style = _states.style(doc.get("state"))
             row = [name, *([escape(printable(doc.get("run_id") or "-"))] if several else []),
                    f"[{style}]{escape(printable(doc.get('state', '?')))}[/]", f["attempt"], f["step"], f["loss"],
                    f["util"], f["disk"], f["inode"], f["hb"]]
@@ -187,7 +183,7 @@ def sweep_tallies(console: Console, ledger: Path, hosts: list, docs: dict[str, d
     """Each sweep with cells on these hosts, reconciled against its roster (rgt.sweeps.tally), one line each."""
     out = sweeps.tallies(ledger, hosts, every_run(docs))
     for t in out:
-        style = "green" if t["done"] else "red" if {"failed", "missing", "duplicate"} & set(t["counts"]) else "cyan"
+        style = "green" if t["done"] else "red" if set(_states.CELL_NAMED) & set(t["counts"]) else "cyan"
         console.print(f"[{style}]{escape(sweeps.tally_line(t))}[/]")
         if len(t["hosts"]) > 1:
             console.print("  " + "; ".join(f"{escape(h)}: " + ", ".join(f"{n} {k}" for k, n in sorted(c.items()))
@@ -238,11 +234,9 @@ def is_terminal(doc: dict, resumable: bool = False) -> bool:
     if doc.get("attention"):
         return True
     state = doc.get("state")
-    if state in TERMINAL_STATES:
-        return True
-    if state == "preempted":
-        return not resumable
-    return False
+    if state == "preempted" and resumable:
+        return False
+    return _states.is_terminal(state)
 
 
 def relaunch(args: argparse.Namespace, console: Console, hosts: list[str], *, extravars: dict | None = None,
@@ -424,7 +418,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         code = exit_code(latest)
     out = output.results(args.json)  # the ticks were progress; where every run ended up is the result (stdout)
     for item in latest.values():
-        if item.get("attention") or item.get("state") in ("failed", "dead", "error"):
+        if item.get("attention") or item.get("state") in _states.EXPLAINED:
             for att in item.get("attention") or []:
                 out.print(f"  [red]attention[/red] {item['host']}: {escape(printable(att.get('id')))}: "
                           f"{escape(printable(att.get('message')))}")

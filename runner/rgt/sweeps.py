@@ -23,6 +23,8 @@ from rgt.ledger import atomic_write_bytes
 from rgt.rosters import cell_job, read_roster, roster_path
 from rgt.safetext import printable
 
+_states = paths.module_util("rgt_states")  # the cell states and the map of every run state to one
+
 
 def _lib():
     return paths.module_util("rgt_sweep")
@@ -209,14 +211,11 @@ def prepare(playbook: str, hosts: list, extravars: dict, ledger: Path, plan_only
 
 # ---------------------------------------------------------------- the tally
 
-TALLY_STATES = ("finished", "running", "queued", "failed", "preempted", "missing", "duplicate")
-
-
 def tally(roster: dict, runs: list[dict], down: set[str] | frozenset = frozenset()) -> dict:
     """A sweep against its roster from the status documents seen (each with host, run_id, state): per cell its
-    state (finished, running, queued, failed, preempted, missing: seen nowhere or never prepared, duplicate: seen
-    started on two hosts, unreachable: its host (in `down`) did not answer), counts in total and per host, and
-    `done` when every cell of the roster finished."""
+    cell state (rgt_states.CELL_STATES: its run's state as rgt_states.cell_state counts it; missing: seen nowhere
+    or never prepared, duplicate: seen started on two hosts, unreachable: its host (in `down`) did not answer),
+    counts in total and per host, and `done` when every cell of the roster finished."""
     by_cell: dict[str, list[dict]] = {}
     for run in runs:
         by_cell.setdefault(str(run.get("run_id")), []).append(run)
@@ -225,16 +224,14 @@ def tally(roster: dict, runs: list[dict], down: set[str] | frozenset = frozenset
     per_host: dict[str, dict[str, int]] = {}
     for cell in roster.get("cells") or []:
         seen = by_cell.get(cell["id"]) or []
-        started = [r for r in seen if r.get("state") not in ("not_started", "unreachable", None)]
+        started = [r for r in seen if r.get("state") not in (*_states.NO_START_SEEN, None)]
         mine = [r for r in seen if r.get("host") == cell["host"]]
         if len({r.get("host") for r in started}) > 1:
             state = "duplicate"
         elif cell["host"] in down:
             state = "unreachable"
         else:
-            state = mine[0].get("state") if mine else "missing"
-            state = {"stalled": "running", "not_started": "missing", "dead": "preempted", "timeout": "failed",
-                     "oom": "failed", "error": "failed"}.get(state, state)
+            state = _states.cell_state(mine[0].get("state")) if mine else "missing"
         cells.append({"id": cell["id"], "host": cell["host"], "state": state})
         totals[state] = totals.get(state, 0) + 1
         per_host.setdefault(cell["host"], {})
@@ -247,13 +244,13 @@ def tally_line(t: dict, why=None) -> str:
     """`sweep lr: 6/8 finished, 1 running, 1 failed (lr--seed=2)`; `why(cell)` may say more of a failed cell
     (`lr--seed=2: exit 1, Traceback in log: ...`)."""
     parts = [f"{t['counts'].get('finished', 0)}/{t['total']} finished"]
-    for state in TALLY_STATES[1:] + ("unreachable",):
+    for state in _states.CELL_STATES[1:]:
         n = t["counts"].get(state)
         if n:
             named = [printable(why(c)) if why and state == "failed" else c["id"] for c in t["cells"]
                      if c["state"] == state]  # why: box text (an exit code, a log line), made printable
             parts.append(f"{n} {state}" + (f" ({', '.join(named[:3])}{' ...' if len(named) > 3 else ''})"
-                                            if state in ("failed", "missing", "duplicate") else ""))
+                                            if state in _states.CELL_NAMED else ""))
     return f"sweep {t['sweep']}: " + ", ".join(parts)
 
 

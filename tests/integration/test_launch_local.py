@@ -19,6 +19,8 @@ import pytest
 import yaml
 from clihelp import read_json, wait_for
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle
+
 REPO = Path(__file__).resolve().parents[2]
 COLLECTIONS = REPO / ".collections"
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
@@ -207,8 +209,10 @@ def test_launch_returns_at_once_and_the_run_finishes(box):
     assert job["env"] == {"HF_HOME": str(box.root / "scratch" / "hf")}
     assert job["attempt_policy"] == {"auto_resume": False}  # auto-resume only when the job asks for it
     assert stat.S_IMODE((box.meta / "wrapper.py").stat().st_mode) == 0o755
-    assert (box.meta / "rgt_runlayout.py").read_bytes() == (
-        REPO / "plugins/module_utils/rgt_runlayout.py").read_bytes()
+    shipped = rgt_bundle.build("wrapper").files  # the wrapper and what it imports, as the bundle lays them out
+    assert (box.meta / "rgt_runlayout.py").read_text() == shipped["rgt_runlayout.py"]
+    assert (box.meta / "rgt_states.py").read_bytes() == (  # what rgt_runlayout imports from its own directory
+        REPO / "plugins/module_utils/rgt_states.py").read_bytes()
     done = box.wait_exit()
     assert done["reason"] == "finished" and done["rc"] == 0 and done["stop_signal"] is None
     log = (box.run_dir / "logs" / "job.log").read_text()

@@ -564,7 +564,7 @@ def test_seal_runs_the_delivered_script_in_a_pod_on_the_claim_and_deletes_pod_an
     [config_map], [pod] = seal_objects(fake, "configmaps"), seal_objects(fake, "pods")
     assert config_map["metadata"]["name"] == pod["metadata"]["name"] == got["seal_pod"]
     assert set(config_map["data"]) == {"rgt_k8s_seal.py", "rgt_seal.py", "rgt_manifest.py", "rgt_outputs.py",
-                                       "rgt_runlayout.py", "rgt_slurm.py", "params.json"}
+                                       "rgt_runlayout.py", "rgt_slurm.py", "rgt_states.py", "params.json"}
     assert json.loads(config_map["data"]["params.json"]) == dict(SEAL_PARAMS, durable_root="/checkpoints")
     spec = pod["spec"]
     assert pod["metadata"]["labels"][k8s_engine.HELPER_LABEL] == "seal"

@@ -81,10 +81,14 @@ def test_the_stage_installs_what_the_wrapper_needs_and_the_code_under_its_hash(s
     for directory in (paths.meta, paths.ckpt, paths.out, paths.logs):
         assert os.path.isdir(directory)
     wrapper = Path(paths.wrapper)
-    assert wrapper.read_bytes() == rgt_bundle.build("wrapper").files["wrapper.py"].encode()  # as the launch ships it
+    shipped = rgt_bundle.build("wrapper").files  # as the launch ships them
+    assert wrapper.read_bytes() == shipped["wrapper.py"].encode()
     assert wrapper.stat().st_mode & 0o7777 == 0o755
     layout = Path(paths.meta) / "rgt_runlayout.py"
-    assert layout.read_bytes() == (REPO / "plugins" / "module_utils" / "rgt_runlayout.py").read_bytes()
+    assert layout.read_bytes() == shipped["rgt_runlayout.py"].encode()
+    states = Path(paths.meta) / "rgt_states.py"  # what rgt_runlayout imports from its own directory
+    assert states.read_bytes() == shipped["rgt_states.py"].encode()
+    assert shipped["rgt_states.py"] == (REPO / "plugins" / "module_utils" / "rgt_states.py").read_text()
     job_json = Path(paths.job)
     assert job_json.read_text() == config_map["data"]["job.json"] and job_json.stat().st_mode & 0o7777 == 0o600
     # the code: code-<hash8> by the upload's rule, the same files, and job.json names it

@@ -54,7 +54,7 @@ def run_paths(run_id="run.1", project="proj"):
 
 # what the runner stages (rgt_k8s is pure: the contents come in); the real ones are runner/rgt/k8s.stage_for's
 STAGE = {"rgt_k8s_stage.py": "# stage\n", "wrapper.py": "# wrapper\n", "rgt_runlayout.py": "# layout\n",
-         "job.json": "{}\n", "code.tar.gz": b"\x1f\x8b tarball"}
+         "rgt_states.py": "# states\n", "job.json": "{}\n", "code.tar.gz": b"\x1f\x8b tarball"}
 
 
 def build(job=None, profile=None, paths=None, stage=STAGE):
