@@ -3,8 +3,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Filters that turn a host's Ansible connection variables into rsync's remote shell and target.
 
-upload_resume and collect both call rsync on the controller (delegate_to: localhost); they must reach the box
-exactly as Ansible does, pins included, so they build the ssh command from the same variables here."""
+rsync must reach the box exactly as Ansible does, pins included. The rules live in
+plugins/module_utils/rgt_rsync.py (Connection), which the rgt_transfer action plugin (upload_resume, collect) uses
+directly; these filters expose the same two answers to a play of one's own."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -44,25 +45,17 @@ _value:
   type: str
 """
 
-from shlex import quote
-
-BASE_OPTIONS = ("-o BatchMode=yes -o ConnectTimeout=15 -o ServerAliveInterval=10 -o ServerAliveCountMax=3")
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_rsync import Connection
 
 
 def rsync_rsh(port, key="", common_args="", extra_args=""):
-    parts = ["ssh", "-p", str(port or 22)]
-    if key:
-        parts += ["-i", quote(str(key))]
-    parts += [BASE_OPTIONS, common_args or "", extra_args or ""]
-    return " ".join(p for p in parts if p)
+    """rgt_rsync.Connection.rsh (the one home of how rsync reaches a box, used by rgt_transfer)."""
+    return Connection("", port=port, key=key, common_args=common_args, extra_args=extra_args).rsh()
 
 
 def rsync_target(host, user=""):
-    """`[user@]host:`; an IPv6 literal gets brackets."""
-    host = str(host)
-    if ":" in host and not host.startswith("["):
-        host = "[%s]" % host
-    return "%s%s:" % ("%s@" % user if user else "", host)
+    """`[user@]host:`; an IPv6 literal gets brackets (rgt_rsync.Connection.target)."""
+    return Connection(str(host), user=user).target()
 
 
 class FilterModule(object):

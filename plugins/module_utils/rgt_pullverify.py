@@ -24,12 +24,12 @@ __metaclass__ = type
 import errno
 import json
 import os
-import re
 import subprocess
 import time
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_outputs as outs
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_rsync import pull_failure
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import atomic_write, fsync_dir, read_json
 
 MARKER_SCHEMA = "rgt/pull-verified/v1"
@@ -238,29 +238,9 @@ def write_outputs(p, doc, sha, dest, marker, prov_path, checkpoints):
     return write_or_say(marker, json.dumps(marker_doc, sort_keys=True, indent=1) + "\n") or changed
 
 
-RSYNC_RETRY_HINT = " Re-run to resume (completed files are kept, the partial file continues)."
-HOST_KEY_HINT = " The host key does not match its pin: check it with rgt-run pin; never retried."
-
-
-def truncate(text, length):
-    """Jinja's truncate(length): keep whole words, end with '...', leave text within 5 characters of length."""
-    if len(text) <= length + 5:
-        return text
-    return text[:length - 3].rsplit(" ", 1)[0] + "..."
-
-
 def ran(results):
     """The loop results of items that ran (not skipped)."""
     return [r for r in results or [] if "skipped" not in r]
-
-
-def rsync_failure(failed):
-    """One sentence naming the failed rsync entries, their exit codes and stderr, and what to do."""
-    stderrs = [str(r.get("stderr") or "").strip() for r in failed]
-    hint = HOST_KEY_HINT if any("Host key verification failed" in e for e in stderrs) else RSYNC_RETRY_HINT
-    return "rsync failed for %s (rc %s): %s%s" % (
-        ", ".join(str(r.get("item")) for r in failed), ", ".join(str(r.get("rc")) for r in failed),
-        truncate(re.sub(r"\s+", " ", " | ".join(stderrs)), 400), hint)
 
 
 def build_report(p, check_mode=False):
@@ -295,7 +275,7 @@ def build_report(p, check_mode=False):
         return report, r.get("error") or "collect failed"
     if check_mode or (verified and not failed):
         return report, None
-    parts = ([rsync_failure(failed)] if failed else []) + \
+    parts = ([pull_failure(failed)] if failed else []) + \
         ([verify.get("msg") or "verification did not run"] if not verified else [])
     report["error"] = "%s: %s" % (p["host"], " ".join(parts))
     return report, report["error"]

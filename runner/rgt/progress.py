@@ -1,14 +1,15 @@
 """Live transfer progress on a terminal: tail the rsync progress files the roles write and show a line per host.
 
 When rgt-run's console (stderr) is a terminal, run_playbook passes the roles `rgt_progress_dir`; upload_resume and
-collect then run rsync through roles/upload_resume/files/rgt_rsync_progress.py, which appends JSON lines to
-<dir>/<host>.<upload|pull>.jsonl. A thread here tails those files and shows, below the event lines,
+collect then run rsync with --info=progress2 through the rgt_transfer action (plugins/module_utils/rgt_rsync.py,
+Progress), which appends JSON lines to <dir>/<host>.<upload|pull>.jsonl. A thread here tails those files and
+shows, below the event lines,
 
     host             upload  12.3 MiB / 40.0 MiB  4.1 MiB/s  ETA 0:07
 
 through a transient rich Live on the same Console the EventSink prints with (so event lines scroll above it and
 are never overwritten); the line goes when that transfer ends. Not a terminal: no directory, no extra var, no
-thread, and the roles call rsync exactly as a plain ansible-playbook run does.
+thread, and rsync runs without --info=progress2, as in a plain ansible-playbook run.
 """
 
 from __future__ import annotations

@@ -67,8 +67,9 @@ def _roles(playbook: Path, seen: set) -> set:
 
 
 def test_every_playbook_whose_roles_run_rsync_is_checked_for_it():
-    """The table holds to the roles: a role whose tasks call rsync makes its playbooks need it."""
-    movers = {p.parent.parent.name for p in (REPO / "roles").glob("*/tasks/*.yml") if "'rsync'" in p.read_text()}
+    """The table holds to the roles: a role whose tasks call rsync (rgt_transfer) makes its playbooks need it."""
+    movers = {p.parent.parent.name for p in (REPO / "roles").glob("*/tasks/*.yml")
+              if "rgt.remote_gpu.rgt_transfer:" in p.read_text()}
     assert movers == {"collect", "upload_resume"}
     needing = {p.stem for p in paths.PLAYBOOKS_DIR.glob("*.yml") if _roles(p, set()) & movers}
     assert needing == set(prepare.RSYNC_PLAYBOOKS)

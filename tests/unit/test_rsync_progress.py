@@ -1,8 +1,9 @@
-"""The rsync progress wrapper (roles/upload_resume/files/rgt_rsync_progress.py) with a real, slowed rsync, and the
-runner's reading of its files (rgt.progress).
+"""rsync with progress (plugins/module_utils/rgt_rsync.py: run_rsync with a Progress, what rgt_transfer runs) with a
+real, slowed rsync, and the runner's reading of its files (rgt.progress).
 
-The roles count what every attempt sent from rsync's log and stdout and retry on its exit status, so the wrapper
-must hand back rsync's stdout (--stats) and exit status unchanged while it diverts the progress lines to a file.
+The transfer counts what every attempt sent from rsync's log and stdout and retries on its exit status, so the
+progress run must hand back rsync's stdout (--stats) and exit status unchanged while it diverts the progress lines
+to a file.
 """
 
 import json
@@ -10,15 +11,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_rsync import Progress, run_rsync
 from rgt.progress import ProgressTail, Transfer, clock, human_bytes
-
-REPO = Path(__file__).resolve().parents[2]
-WRAPPER = REPO / "roles" / "upload_resume" / "files" / "rgt_rsync_progress.py"
 
 pytestmark = pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync")
 
@@ -34,10 +31,10 @@ def tree(tmp_path):
 
 
 def wrapped(out, *rsync_args, total=None):
-    extra = ["--total", str(total)] if total is not None else []
-    return subprocess.run([sys.executable, str(WRAPPER), "--out", str(out), "--host", "box1", "--what", "upload",
-                           "--part", "code", *extra, "--", "rsync", *map(str, rsync_args)],
-                          capture_output=True, timeout=60)
+    """rsync ARGS run as rgt_transfer runs it with progress: --info=progress2 added, the lines diverted to `out`."""
+    rc, stdout, stderr = run_rsync(["rsync", "--info=progress2", *map(str, rsync_args)],
+                                   Progress(str(out), "box1", "upload", "code", total))
+    return subprocess.CompletedProcess(["rsync", *rsync_args], rc, stdout, stderr)
 
 
 def records(path):

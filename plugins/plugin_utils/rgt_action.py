@@ -1,0 +1,27 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
+"""What rgt's action plugins share (plugins/action): they run on the controller only, never reach the box through
+Ansible's connection, support check mode, and validate their arguments against their ARGUMENT_SPEC (the same
+options as their documentation stub in plugins/modules, held by tests/unit/test_action_docs.py)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+from ansible.plugins.action import ActionBase
+
+
+class ControllerAction(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _requires_connection = False
+
+    ARGUMENT_SPEC = {}
+    VALIDATION = {}  # validate_argument_spec's other checks (required_if, mutually_exclusive, ...)
+
+    def start(self, tmp, task_vars):
+        """(result, args): the base result and the validated arguments."""
+        result = super(ControllerAction, self).run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC, **self.VALIDATION)
+        return result, args
