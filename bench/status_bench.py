@@ -5,7 +5,7 @@ Baselines, measured in the same run on the same stubs (ratios, never a timed ass
 - floor: a parallel multiplexed ssh round (ControlMaster, warm) running one `python3 -c` call per host, all at once:
   what any status poll that runs Python on the box must at least pay;
 - plain: a plain parallel `ssh host cat <run_dir>/.rgt/heartbeat` to every host (no multiplexing; the old baseline).
-Also measured: the status round alone inside one process (rgt.observe.poll: no process start, no inventory read),
+Also measured: the status round alone inside one process (rgt.engines.poll: no process start, no inventory read),
 the controller CPU of one watch tick (user+sys of this process and its ssh children during one poll), and with
 --play the old path, one monitor.yml run through ansible-runner (rgt.observe.poll_play).
 Usage: python bench/status_bench.py [--hosts 16] [--rounds 5] [--play]
@@ -108,7 +108,7 @@ def main() -> int:
         os.environ["RGT_LEDGER"] = env["RGT_LEDGER"]
         from rich.console import Console
 
-        from rgt import observe
+        from rgt import engines, observe
         from rgt.prepare import prepare
 
         ns = argparse.Namespace(inventory=str(inv), limit=None, extra_vars=[], verbose=0, ledger=env["RGT_LEDGER"],
@@ -120,7 +120,7 @@ def main() -> int:
         def in_process_tick() -> tuple[float, float]:
             """(wall s, controller CPU s) of one poll, as one watch tick pays it."""
             c0, t0 = os.times(), time.perf_counter()
-            docs = observe.poll(ns, quiet, host_objs, extravars, ledger)
+            docs = engines.poll(ns, quiet, host_objs, extravars, ledger)
             t1, c1 = time.perf_counter(), os.times()
             assert all(d.get("state") == "finished" for d in docs.values()), docs
             cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + (

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 from rich.console import Console
 
-from rgt import errors, k8s, output, profiles
+from rgt import engines, errors, output, profiles
 from rgt.errors import InputError
 from rgt.ledger import atomic_write_bytes
 
@@ -53,7 +53,7 @@ all:
 def inventory_text(profile: dict) -> str:
     ssh = profile.get("ssh") or {}
     name = profile["name"]
-    if k8s.is_k8s(profile):
+    if not engines.engine_of(profile).over_ssh:
         return K8S_INVENTORY.format(name=name, host=K8S_HOST)
     lines = [f"# rgt inventory for one {profile.get('title', name)} box (`rgt-run profiles show {name}`).",
              "# Add a host per box; the job spec is in ../job.yml (rgt-run ... -e @job.yml)."]
@@ -83,7 +83,7 @@ def job_text(profile: dict) -> str:
     runs = PurePosixPath(interpreter or "/usr/bin/python3").name
     spot = bool((profile.get("spot") or {}).get("available"))
     roots = profile.get("roots") or {}
-    on_k8s = k8s.is_k8s(profile)
+    on_k8s = not engines.engine_of(profile).over_ssh
     out = [
         "# rgt job spec: every field is in docs/job-spec.md. Relative paths are relative to this file.",
         f"# The claim mounted at {roots.get('durable')} keeps runs under {roots.get('durable')}/<project>/active/"
@@ -147,7 +147,8 @@ def next_steps(profile: dict, inv: Path, job: Path) -> list[str]:
     """What to do after init, for this platform: commands that work on what init wrote, once it is edited."""
     if profile["name"] == "local":
         return [f"rgt-run lifecycle -i {inv} -e @{job}"]
-    if k8s.is_k8s(profile):  # no SSH: nothing to pin or probe; the plan shows the manifests, validated offline
+    if not engines.engine_of(profile).over_ssh:  # no SSH: nothing to pin or probe; the plan shows the validated
+        # manifests
         return [f"edit {inv / 'hosts.yml'} (rgt_instance_id; rgt_kubeconfig / rgt_kube_context unless kubectl's "
                 f"defaults) and {job} (k8s.image, python, k8s.namespace)",
                 f"rgt-run train -i {inv} -e @{job} -C", f"rgt-run lifecycle -i {inv} -e @{job}"]

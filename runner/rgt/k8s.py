@@ -75,12 +75,6 @@ def primitive(profile: dict) -> str | None:
     return ((profile or {}).get("detach") or {}).get("primitive")
 
 
-def is_k8s(profile: dict) -> bool:
-    """Does this profile launch through a Kubernetes Job (the registry's primitive that reads rgt_job.k8s)?"""
-    entry = paths.module_util("rgt_registry").detach(primitive(profile))
-    return entry is not None and "k8s" in entry.job_fields
-
-
 def _validator():
     try:  # an optional dependency (the k8s extra): its absence is named here, where manifests are validated
         import kubernetes_validate

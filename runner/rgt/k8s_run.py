@@ -35,7 +35,7 @@ from rgt.ledger import atomic_write_json
 from rgt.phases import PhaseResult
 from rgt.profiles import verb_plan
 
-# the playbooks a kubernetes host runs through the engine (the others need a box to SSH into)
+# the playbooks a kubernetes host runs through the engine (the others need a box: rgt.engines.kubernetes.plan)
 PLAYBOOKS = ("train", "launch_detached")
 _layout = paths.module_util("rgt_runlayout")
 _gate = paths.module_util("rgt_gate")  # the teardown gate's rules, the same file the rgt_teardown module runs
@@ -44,25 +44,6 @@ _gate = paths.module_util("rgt_gate")  # the teardown gate's rules, the same fil
 # A Job's state as the teardown gate's (rgt_gate.judge_run: live and queued block, finished needs a pull) is
 # rgt_states.gate_state.
 _states = paths.module_util("rgt_states")
-
-
-def is_k8s(host) -> bool:
-    return k8s.is_k8s(host.profile)
-
-
-def split(hosts: list) -> tuple[list, list]:
-    """(the hosts the engine acts on, the others)."""
-    return [h for h in hosts if is_k8s(h)], [h for h in hosts if not is_k8s(h)]
-
-
-def refuse_play(stem: str, hosts: list) -> None:
-    """A playbook the engine does not run, on a kubernetes host: refused at input (exit 2), nothing touched."""
-    named = [h.name for h in hosts if is_k8s(h)]
-    if named and stem not in PLAYBOOKS:
-        raise InputError(f"{', '.join(named)}: a Kubernetes host has no box to run playbooks/{stem}.yml on "
-                         "(its run is a Job on the cluster)",
-                         fix="use rgt-run train, status, watch, logs, pull and teardown on it, or --limit the "
-                             "play to the other hosts", field="rgt_profile")
 
 
 @dataclass
@@ -300,8 +281,8 @@ def _mount(profile: dict, rows: list[dict]) -> dict | None:
 
 
 def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
-    """The teardown plan of a kubernetes instance (rgt.teardown.assess's shape): every Job rgt launched for its
-    hosts, looked at with kubectl, judged by the same gate (rgt_gate.evaluate) as a box's runs."""
+    """The teardown plan of a kubernetes instance (rgt.engines.ssh.assess_instance's shape): every Job rgt launched
+    for its hosts, looked at with kubectl, judged by the same gate (rgt_gate.evaluate) as a box's runs."""
     item = verb_plan(inst)
     item.update(status=None, gate=None, reasons=[], k8s_jobs=[])
     rows, roots = [], []
@@ -337,7 +318,8 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
 def tear_down(inst, item: dict, ledger: Path, runs: Path, manifest_lib) -> dict:
     """After the person confirmed the instance: look at its Jobs again and re-check the gate (a Job may have been
     relaunched while the plan waited for the answer), then delete the Jobs (foreground: their pods first; the claim
-    is kept). The outcome in rgt.teardown._outcome's shape; the record in <ledger>/teardown/<host>.json (atomic)."""
+    is kept). The outcome in rgt.engines.ssh.outcome_of's shape; the record in <ledger>/teardown/<host>.json
+    (atomic)."""
     ran = inst.names[0]
     again = assess(inst, ledger, runs, manifest_lib)
     if again["status"] not in ("ready", "already gone"):

@@ -17,9 +17,9 @@ import argparse
 from rich.console import Console
 
 from rgt import errors, memory, output, paths, pull, rosters, status, teardown
+from rgt.engines import poll
 from rgt.inventory import load_hosts
 from rgt.ledger import ledger_dir, runs_dir
-from rgt.observe import poll
 from rgt.phases import run_playbook
 from rgt.prepare import prepare, prepare_hosts
 from rgt.report import first_contact, summarize

@@ -19,7 +19,6 @@ cut there, with a marker saying how many bytes were left out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import select
@@ -30,15 +29,15 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO
 
 from rich.console import Console
 
-from rgt import errors, k8s_engine, k8s_run, output, paths, sshround
+from rgt import engines, errors, output, paths, sshround
 from rgt.bundle import status_zipapp
+from rgt.engines.base import LogSource
 from rgt.errors import InputError
-from rgt.inventory import render_vars
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
@@ -60,13 +59,6 @@ CUT_MARK = " [… {cut} more bytes of this line not shown]"
 CHUNK = 64 * 1024
 HEADER_CAP = 1 << 20  # the box's header line (JSON: path, offsets, attempt lines) is never longer
 STDERR_KEPT = 64 * 1024  # of a reader's stderr, read back for its message
-# the host variables a round is built from (rgt.sshround.target_for, rgt_statusdoc.params_from_vars): the ones
-# that are Ansible templates are rendered by Ansible before the round
-ROUND_VARS = ("ansible_connection", "ansible_host", "ansible_ssh_host", "ansible_user", "ansible_ssh_user",
-              "ansible_port", "ansible_ssh_port", "ansible_ssh_private_key_file", "ansible_private_key_file",
-              "ansible_ssh_common_args", "ansible_ssh_args", "ansible_python_interpreter", "rgt_known_hosts",
-              "rgt_durable_root", "rgt_project", "rgt_job", "monitor_durable_root", "monitor_project",
-              "monitor_run_id", "run_context_project", "run_context_run_id")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,19 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def boundary(line: str) -> str:
     """How an attempt boundary (`== rgt attempt N started/ended ...`) is shown."""
     return f"──── {line} ────"
-
-
-@dataclass
-class Source:
-    host: str
-    target: sshround.Target
-    params: dict
-    prefix: str = ""
-    offset: int | None = None
-    partial: bytes = b""  # the line being read, up to LINE_CAP bytes
-    cut: int = 0  # bytes of that line past LINE_CAP, left out
-    lines: list[str] | None = None  # --json: the lines are kept here for the document instead of printed
-    header: dict = field(default_factory=dict)
 
 
 def _whole_chars(raw: bytes) -> str:
@@ -115,13 +94,13 @@ class Printer:
         self.cap = cap
         self.lock = threading.Lock()
 
-    def _take(self, source: Source, data: bytes, start: int, end: int) -> None:
+    def _take(self, source: LogSource, data: bytes, start: int, end: int) -> None:
         room = self.cap - len(source.partial)
         if room > 0:
             source.partial += data[start:min(end, start + room)]
         source.cut += max(0, end - start - max(room, 0))
 
-    def feed(self, source: Source, data: bytes, final: bool = False) -> None:
+    def feed(self, source: LogSource, data: bytes, final: bool = False) -> None:
         done: list[tuple[bytes, int]] = []
         start = 0
         while True:
@@ -144,7 +123,7 @@ class Printer:
             if source.lines is None:
                 self.out.flush()
 
-    def line(self, source: Source, raw: bytes, cut: int = 0) -> None:
+    def line(self, source: LogSource, raw: bytes, cut: int = 0) -> None:
         """The one place a log line is shown (or kept for --json): decoded, a cut line marked, a boundary drawn;
         on the terminal without the terminal control sequences the box's bytes may hold."""
         text = (_whole_chars(raw) if cut else raw.decode("utf-8", "replace")) + (CUT_MARK.format(cut=cut)
@@ -158,7 +137,7 @@ class Printer:
         self.out.write(f"{source.prefix}{text}\n")
 
 
-def _stdin(source: Source, follow: bool) -> bytes:
+def _stdin(source: LogSource, follow: bool) -> bytes:
     doc = {"op": "log", **source.params, "offset": source.offset, "follow": follow}
     return (json.dumps(doc) + "\n").encode()
 
@@ -172,7 +151,7 @@ def _split(stdout: bytes) -> tuple[dict | None, bytes]:
     return (header if sep and isinstance(header, dict) else None), rest
 
 
-def _note(console: Console, source: Source, header: dict, all_attempts: bool, tail: int | None) -> None:
+def _note(console: Console, source: LogSource, header: dict, all_attempts: bool, tail: int | None) -> None:
     marks = header.get("attempts") or []
     if not header.get("exists"):
         return
@@ -199,7 +178,7 @@ class Reader:
     timed_out: bool = False
 
 
-def start_reader(source: Source, follow: bool) -> Reader:
+def start_reader(source: LogSource, follow: bool) -> Reader:
     digest, _data = status_zipapp()
     command = sshround.RUN_CACHED.format(digest=digest, python=shlex.quote(source.target.python),
                                          missing=sshround.MISSING_RC)
@@ -269,7 +248,7 @@ class Opened:
     answer: sshround.Answer | None = None
 
 
-def open_log(source: Source) -> Opened:
+def open_log(source: LogSource) -> Opened:
     """Start the read of one host's log and take its header (the zipapp is shipped first when the box lacks it);
     the log's bytes wait in the pipe until they are printed."""
     shipped = False
@@ -290,7 +269,7 @@ def open_log(source: Source) -> Opened:
         return Opened(answer=sshround.Answer(rc, head, err, timed_out=timed_out))
 
 
-def read_once(source: Source, opened: Opened, console: Console, printer: Printer,
+def read_once(source: LogSource, opened: Opened, console: Console, printer: Printer,
               args: argparse.Namespace) -> dict:
     header = opened.header
     if header is None:
@@ -329,7 +308,7 @@ def read_once(source: Source, opened: Opened, console: Console, printer: Printer
     return doc
 
 
-def follow(source: Source, console: Console, printer: Printer, args: argparse.Namespace, result: dict,
+def follow(source: LogSource, console: Console, printer: Printer, args: argparse.Namespace, result: dict,
            procs: dict) -> None:
     """Stream until the run ends; on a dropped link, say so, reconnect and resume at the counted offset."""
     delay = BACKOFF_START_S
@@ -393,74 +372,19 @@ def exit_code(results: dict) -> int:
     return errors.OK
 
 
-def _templated(value: object) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, dict):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_templated(v) for v in value)
-    return False
-
-
-def rendered(args: argparse.Namespace, hosts: list, extravars: dict) -> list:
-    """`hosts`, each whose round values are Ansible templates (`{{ lookup('env', 'PWD') }}/.rgt/...`, `{{
-    inventory_dir }}`) with those values as Ansible renders them for it on this machine (rgt.inventory.render_vars:
-    no box contacted). The host's own values are rendered (a remembered job's too), and of rgt_job only the run id."""
-    todo: dict[str, dict] = {}
-    for host in hosts:
-        values = {k: host.vars[k] for k in ROUND_VARS if k != "rgt_job" and _templated(host.vars.get(k))}
-        job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
-        named = {k: job[k] for k in ("run_id", "name") if _templated(job.get(k))}
-        if named:
-            values["rgt_job"] = named
-        if values:
-            todo[host.name] = values
-    if not todo:
-        return hosts
-    names = sorted(todo)
-    done = render_vars(args.inventory, ",".join(names), {**extravars, "__rgt_logs_round": todo}, names,
-                       "{{ __rgt_logs_round[inventory_hostname] }}")
-    out = []
-    for host in hosts:
-        values = dict(done.get(host.name) or {})
-        if "rgt_job" in values:
-            values["rgt_job"] = {**host.vars["rgt_job"], **values["rgt_job"]}
-        out.append(dataclasses.replace(host, vars={**host.vars, **values}) if values else host)
-    return out
-
-
-def sources_for(args: argparse.Namespace, hosts: list, extravars: dict) -> list[Source]:
-    layout = paths.module_util("rgt_runlayout")
+def check_args(args: argparse.Namespace) -> None:
+    """--run and --tail, before any host is read (exit 2)."""
     if args.run is not None:
-        problem = layout.check_name(args.run, "run id")
+        problem = paths.module_util("rgt_runlayout").check_name(args.run, "run id")
         if problem:
             raise InputError(f"--run: {problem}", fix="--run <a run id from `rgt-run runs`>", field="--run")
     if args.tail is not None and args.tail < 0:
         raise InputError("--tail must be 0 or more", fix="--tail 100", field="--tail")
-    cfg = sshround.ssh_config()
-    out = []
-    for host in rendered(args, hosts, extravars):
-        try:
-            target = sshround.target_for(args.inventory, host, extravars, cfg)
-            params = sshround.status_params(host)
-        except ValueError as exc:
-            raise InputError(f"host '{host.name}': {exc}", fix="`rgt-run logs` reaches a box over plain SSH (or "
-                             "runs locally): give it an SSH connection in the inventory", field=host.name) from exc
-        run_id = args.run or params["run_id"]
-        problem = layout.check_name(run_id, "run id")
-        if problem:
-            raise InputError(f"host '{host.name}' has no run to show ({problem})",
-                             fix="pass --run RUN, or -e @job.yml with the job spec", field="--run")
-        params = {"durable_root": params["durable_root"], "project": params["project"], "run_id": run_id,
-                  "newest_attempt": not args.all_attempts, "tail": args.tail}
-        out.append(Source(host.name, target, params))
-    return out
 
 
-def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict | None = None) -> dict:
-    """A Kubernetes host's log: `kubectl logs job/NAME -c job` (the newest pod; the wrapper copies job.log to its
-    stdout there), streamed through the printer."""
+def program_logs(source: LogSource, argv: list[str], printer: Printer, procs: dict | None = None) -> dict:
+    """A log a program run here prints (a Kubernetes host's: `kubectl logs job/NAME -c job`, the newest pod; the
+    wrapper copies job.log to its stdout there), streamed through the printer."""
     errfile = tempfile.TemporaryFile()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errfile)
     if procs is not None:
@@ -473,11 +397,9 @@ def kubectl_logs(source: Source, argv: list[str], printer: Printer, procs: dict 
     err = errfile.read(STDERR_KEPT).decode("utf-8", "replace")
     errfile.close()
     if rc == 0:
-        return {"state": "ok", "source": "kubectl logs", **({"lines": source.lines} if source.lines is not None
-                                                             else {})}
-    exc = k8s_engine.failure(argv[argv.index("logs"):argv.index("logs") + 2], err)
-    return {"state": "unreachable" if isinstance(exc, k8s_engine.ClusterUnreachable) else "error",
-            "error": exc.message}
+        return {"state": "ok", "source": source.what, **({"lines": source.lines} if source.lines is not None
+                                                          else {})}
+    return source.explain(argv, err)
 
 
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
@@ -485,12 +407,13 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
         raise InputError("--json prints one document at the end; it cannot follow a log",
                          fix="use -f without --json, or --json without -f", field="--json")
     hosts, extravars = prepare_hosts(args)
-    on_cluster, boxes = k8s_run.split(hosts)
-    sources = sources_for(args, boxes, extravars)
-    clusters = [(Source(h.name, None, {}), k8s_run.logs_argv(h, args.run, args.tail, args.follow)) for h in on_cluster]
+    check_args(args)
+    every = [s for engine, mine in engines.split(hosts) for s in engine.log_sources(args, mine, extravars)]
+    sources = [s for s in every if s.argv is None]  # read over the status round's SSH connection
+    programs = [(s, s.argv) for s in every if s.argv is not None]  # a program run here prints it (kubectl logs)
     if len(hosts) > 1:
         width = max(len(h.name) for h in hosts)
-        for source in (*sources, *(s for s, _argv in clusters)):
+        for source in (*sources, *(s for s, _argv in programs)):
             source.prefix = f"{source.host.ljust(width)} | "
     printer = Printer()
     results: dict[str, dict] = {}
@@ -504,17 +427,17 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
                     results[source.host] = read_once(source, ahead[index].result(), console, printer, args)
                     if index + window < len(sources):
                         ahead.append(pool.submit(open_log, sources[index + window]))
-        for source, argv in clusters:
+        for source, argv in programs:
             if args.json:
                 source.lines = []
-            results[source.host] = kubectl_logs(source, argv, printer)
+            results[source.host] = program_logs(source, argv, printer)
     else:
         procs: dict[str, subprocess.Popen] = {}
         threads = [threading.Thread(target=follow, args=(s, console, printer, args, results, procs), daemon=True)
                    for s in sources]
-        threads += [threading.Thread(target=lambda s=s, a=a: results.__setitem__(s.host, kubectl_logs(s, a, printer,
+        threads += [threading.Thread(target=lambda s=s, a=a: results.__setitem__(s.host, program_logs(s, a, printer,
                                                                                                       procs)),
-                                     daemon=True) for s, a in clusters]
+                                     daemon=True) for s, a in programs]
         for thread in threads:
             thread.start()
         try:

@@ -4,7 +4,8 @@
 A box is looked at in one parallel round over multiplexed SSH (rgt.sshround: one read-only `python3` call per host
 running the monitor module's own code); a host whose connection or status arguments are Ansible templates through
 playbooks/monitor.yml (only Ansible can evaluate them), giving the same document; a Kubernetes host through kubectl
-(rgt.k8s_run). Each host's document is kept in `<ledger>/status/<host>.json` (atomic) with one tick line appended to
+(rgt.k8s_run). Each host is looked at by its engine (rgt.engines.poll, Engine.observe); here are the documents'
+shapes. Each host's document is kept in `<ledger>/status/<host>.json` (atomic) with one tick line appended to
 `<host>.jsonl`; an unreachable host keeps what it said when it last answered.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rgt import k8s_run, paths, sshround
+from rgt import paths
 from rgt.ledger import append_jsonl, atomic_write_json, read_json
 from rgt.phases import run_playbook
 
@@ -93,23 +94,6 @@ def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
             "error": doc.get("error")}
     append_jsonl(ledger / "status" / f"{host}.jsonl", tick)
     return doc
-
-
-def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:
-    """One status round over `hosts` (rgt.sshround: parallel multiplexed SSH, the module's own code on the box);
-    returns {host: doc} (recorded in the ledger). A host whose connection or status arguments are Ansible
-    templates is looked at by monitor.yml instead (only Ansible can evaluate them); a Kubernetes host through
-    kubectl (rgt.k8s_run)."""
-    on_cluster, boxes = k8s_run.split(hosts)
-    by_round = [h for h in boxes if sshround.can_round(args.inventory, h, extravars)]
-    by_play = [h for h in boxes if h not in by_round]
-    outcomes = sshround.status_round(args.inventory, by_round, extravars) if by_round else {}
-    now = time.time()
-    docs = {name: round_doc(name, outcome, now) for name, outcome in outcomes.items()}
-    docs.update({h.name: k8s_run.status_doc(h, now) for h in on_cluster})  # kubectl get job, pods
-    if by_play:
-        docs.update(poll_play(args, console, by_play, extravars, ledger))
-    return {h.name: record(ledger, h.name, docs[h.name], now) for h in hosts}
 
 
 def poll_play(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import errors, jobspec, k8s, output, paths, sweeps
+from rgt import engines, errors, jobspec, output, paths, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import render_vars
 from rgt.ledger import ledger_dir
@@ -80,8 +80,8 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
     # is a run of its own under active/ (sweep_plans)
     home = layout_paths.sweep_dir(run_id) if job.get("sweep") else layout_paths.run_dir
     local = jobspec.resolve_paths(job, Path(base) if base else Path.cwd())  # relative paths follow their file
-    is_k8s = k8s.is_k8s(host.profile)
-    if job.get("code_dir") or not is_k8s:
+    engine = engines.engine_of(host.profile)
+    if job.get("code_dir") or not engine.code_in_image:
         code = shipped_code(host, values, job, local, home, tree)
     else:  # a kubernetes host may ship no code: it is in the image (rgt_job.k8s.workdir; manifests_for checks)
         code = {"hash8": None, "code_dir": None, "code_src": None, "files": 0, "bytes": 0, "ignored": 0,
@@ -89,12 +89,10 @@ def host_plan(host, values: dict, base: str | None, tree, layout) -> dict:
     price = _number(job.get("price_per_hour"))
     duration = _number(job.get("expected_duration_s"))
     floor = _number(job.get("disk_floor_gib"))
-    manifests = None
-    if is_k8s:
-        scratch = values.get("scratch_root") or host.profile["roots"].get("scratch")
-        manifests = k8s.manifests_for(host.name, host.profile, job, layout_paths, scratch and str(scratch),
-                                      code_src=code["code_src"], ignore_file=values.get("ignore_file"))
-        manifests.pop("documents")  # the full manifests (base64 code included) are the engine's; `files` is shown
+    scratch = values.get("scratch_root") or host.profile["roots"].get("scratch")
+    manifests = engine.plan_manifests(host, job, layout_paths, scratch and str(scratch), code["code_src"],
+                                      values.get("ignore_file"))  # what the engine applies (Kubernetes), shown
+    if manifests:
         code["code_dir"] = manifests["stage"]["code_dir"]
     return {
         "host": host.name, "profile": host.profile["name"], "instance_id": host.instance_id,

@@ -3,8 +3,8 @@ playbook file of your own, on the inventory's boxes, with the same input checks 
 (rgt.report) as every other command.
 
 `train -C` without -t/--skip-tags is the plan per host instead (rgt.plan: no box contacted). A Kubernetes host
-takes no play: its run is a Job the engine applies from here (rgt.k8s_run), its manifests validated before any host
-(box or cluster) is touched.
+takes no play: its run is a Job the engine applies from here (rgt.engines: each host's engine plays its share),
+its manifests validated before any host (box or cluster) is touched.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import argparse
 
 from rich.console import Console
 
-from rgt import k8s_run, memory, output, paths, plan, report
+from rgt import engines, output, paths, plan, report
 from rgt.ledger import ledger_dir
-from rgt.phases import PhaseResult, new_ident, run_playbook
 from rgt.prepare import prepare
 
 
@@ -27,25 +26,21 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     playbook, hosts, extravars = prepare(args, pins=not smoke_only)
     # a Kubernetes host's run is a Job the engine applies from here; its manifests are validated before any host
     # (box or cluster) is touched
-    on_cluster, on_boxes = k8s_run.split(hosts)
-    k8s_run.refuse_play(playbook.stem, on_cluster)
-    planned = k8s_run.plan_launch(on_cluster) if on_cluster else {}
+    groups = engines.split(hosts) or [(engines.DEFAULT, [])]
+    planned = [engine.plan(playbook.stem, mine) for engine, mine in groups]
     ledger = ledger_dir(args.ledger)
     if not smoke_only:
         report.first_contact(console, ledger, hosts)
     console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "
                   + ", ".join(f"{h.name} ({h.vars['rgt_profile']})" for h in hosts))
-    if on_boxes or not on_cluster:
-        result = run_playbook(playbook, args.inventory, on_boxes, ledger=ledger, console=console,
-                              extravars=extravars, limit=",".join(h.name for h in on_boxes) if on_cluster
-                              else args.limit, tags=args.tags, skip_tags=args.skip_tags, check=args.check,
-                              verbosity=args.verbose)
-    else:
-        shown = playbook.relative_to(paths.REPO_ROOT) if playbook.is_relative_to(paths.REPO_ROOT) else playbook
-        result = PhaseResult(playbook=str(shown), ident=new_ident(playbook), rc=0, status="successful")
-    if planned and not args.check:
-        result.hosts.update(k8s_run.start_k8s_job(planned, console))
-        memory.remember_launches(ledger, on_cluster, result)
+    # one engine: the inventory's --limit as given; several: each plays its own hosts (the Kubernetes Jobs are
+    # applied first), and the last result (the boxes' play) holds them all
+    results = [engine.play(playbook, mine, plan_of, args, extravars, ledger, console,
+                           args.limit if len(groups) == 1 else ",".join(h.name for h in mine))
+               for (engine, mine), plan_of in zip(groups, planned, strict=True)]
+    result = results[-1]
+    for other in results[:-1]:
+        result.hosts.update(other.hosts)
     doc = report.summarize(console, result, hosts, ledger, args.inventory)
     output.emit(doc, args.json)
     return doc["exit_code"]

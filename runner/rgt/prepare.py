@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from rgt import confirmation, jobspec, k8s, k8s_engine, memory, paths, profiles, sshround, sweeps
+from rgt import confirmation, engines, jobspec, k8s_engine, memory, paths, profiles, sshround, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import Host, ansible_env, check_pins, load_hosts, missing_secrets, validate_job
 from rgt.ledger import ledger_dir
@@ -156,10 +156,10 @@ DEBIAN_PACKAGES = {"rsync": "rsync", "ssh": "openssh-client"}
 
 def controller_tools(playbook: str, hosts: list[Host]) -> dict[str, list[str]]:
     """{program: [the hosts it is needed for]} for `playbook` (a stem: train, collect, monitor ...) on `hosts`."""
-    boxes = [h for h in hosts if not k8s.is_k8s(h.profile)]
+    boxes = [h for h in hosts if engines.engine_of(h.profile).over_ssh]
     needed = {"ssh": [h.name for h in boxes if not h.is_local] if playbook not in LOCAL_PLAYBOOKS else [],
               "rsync": [h.name for h in boxes] if playbook in RSYNC_PLAYBOOKS else [],
-              "kubectl": [h.name for h in hosts if k8s.is_k8s(h.profile)]}
+              "kubectl": [h.name for h in hosts if "kubectl" in engines.engine_of(h.profile).programs]}
     return {program: names for program, names in needed.items() if names}
 
 
@@ -234,7 +234,7 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False, cho
     if not plan:  # rsync, ssh, kubectl: a missing one is named now, not as a play's failure on the box
         check_controller_tools(playbook.stem, hosts)
     # a Kubernetes host has no SSH (no pin) and reads its secrets from a Secret by reference (none from here)
-    ssh_hosts = [h for h in hosts if not k8s.is_k8s(h.profile)]
+    ssh_hosts = [h for h in hosts if engines.engine_of(h.profile).over_ssh]
     if playbook.stem == "smoke" and not any(isinstance(h.vars.get("rgt_job"), dict)
                                             and h.vars["rgt_job"].get("smoke_command") for h in hosts):
         raise InputError("there is nothing to smoke: the job spec has no smoke_command",
@@ -262,7 +262,7 @@ def _box_rosters(args: argparse.Namespace, extravars: dict) -> sweeps.BoxLook:
     """How a launch reads the boxes' own roster of a sweep the ledger keeps none of: over the status round, after
     the hosts' pins are checked (read-only)."""
     def look(hosts: list, project: str, name: str) -> dict:
-        boxes = [h for h in hosts if not k8s.is_k8s(h.profile)]
+        boxes = [h for h in hosts if engines.engine_of(h.profile).over_ssh]
         check_pins(args.inventory, boxes)
         return sshround.roster_round(args.inventory, boxes, extravars, project, name)
     return look

@@ -16,9 +16,8 @@ import re
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, k8s_run, memory, output, paths, runreport
+from rgt import engines, errors, memory, output, paths, runreport
 from rgt.ledger import atomic_write_json, ledger_dir, read_json, runs_dir
-from rgt.phases import run_playbook
 from rgt.prepare import prepare
 from rgt.safetext import printable
 
@@ -157,17 +156,10 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     for index, members in enumerate(rounds(hosts)):
         for host in members:
             _point_at(host, pulled[host.name][index])
-        on_cluster, boxes = k8s_run.split(members)
         outcomes = []
-        if on_cluster:  # seal on the claim, copy through a helper pod, verify here (rgt.k8s_run)
-            results.append(k8s_run.pull(on_cluster, root, bool(args.verify_only), console))
-            outcomes += [(h, results[-1]) for h in on_cluster]
-        if boxes:
-            result = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
-                                  extravars=extravars, limit=",".join(h.name for h in boxes),
-                                  quiet=not args.verbose, verbosity=args.verbose or 0)
-            results.append(result)
-            outcomes += [(h, result) for h in boxes]
+        for engine, mine in engines.split(members):  # a box: the collect play; Kubernetes: a seal and helper pod
+            results.append(engine.collect(playbook, mine, args, extravars, ledger, root, console))
+            outcomes += [(h, results[-1]) for h in mine]
         for host, result in outcomes:
             doc = host_doc(host.name, result.hosts.get(host.name))
             label = host.name
@@ -202,7 +194,8 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     result = results[0]
     code = errors.worst(r.exit_code for r in results)
     # a sweep host: every cell; one page per sweep (a Kubernetes host's report needs its box's records: not made)
-    verified = [h for h in k8s_run.split(hosts)[1] if docs[h.name]["verified"]]
+    verified = [h for engine, mine in engines.split(hosts) if engine.reports_after_pull for h in mine
+                if docs[h.name]["verified"]]
     if verified and not args.verify_only:  # --verify-only promises not to touch the box; the report looks at it
         reports = runreport.after_pull(args, console, verified, extravars, ledger, root)
         for rep in reports:

@@ -10,7 +10,7 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, k8s_run, memory, output, paths
+from rgt import engines, errors, memory, output, paths
 from rgt.errors import InputError
 from rgt.ledger import ledger_dir
 from rgt.phases import run_playbook
@@ -88,10 +88,7 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
                              fix="name a run or cell as `rgt-run status` lists it; give its job with -e @job.yml "
                                  "when the ledger does not know it", field="cell")
         host = owners[0]
-        if k8s_run.is_k8s(host):
-            raise InputError(f"{args.cell} on {host.name} is a Kubernetes Job: a failed Job is never started again "
-                             "(docs/kubernetes.md)", fix="start it as a new run: give rgt_job a new run_id and run "
-                             "`rgt-run train`", field="cell")
+        engines.engine_of(host.profile).check_retry(args.cell, host)  # Kubernetes: a failed Job never starts again
         # a failed or killed run only: a preempted or dead one is left to train and watch
         evars = {**extravars, "launch_detached_use_new_code": False, "launch_detached_relaunch_failed": True,
                  "launch_detached_relaunch": False}

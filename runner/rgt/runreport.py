@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from rgt import errors, output, paths, rosters, sweeps
+from rgt.engines import poll
 from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json, runs_dir
-from rgt.observe import poll
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 

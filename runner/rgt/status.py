@@ -28,10 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, k8s_run, memory, notify, output, paths, runreport, sweeps
+from rgt import endings, errors, memory, notify, output, paths, runreport, sweeps
+from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
-from rgt.observe import first_line, poll
-from rgt.phases import run_playbook
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
@@ -290,17 +289,8 @@ def _launch(args: argparse.Namespace, console: Console, ledger: Path, choose, na
         console.print(f"[red]cannot relaunch[/red] {', '.join(names)}: {playbook} does not exist")
         return errors.FAILED
     all_hosts, extravars = prepare_hosts(args, "launch_detached", choose)
-    on_cluster, boxes = k8s_run.split([h for h in all_hosts if h.name in names])
-    codes = [k8s_run.relaunch(on_cluster, console, ledger)] if on_cluster else []
-    if boxes:
-        result = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
-                              extravars={**extravars, "launch_detached_use_new_code": False},
-                              limit=",".join(h.name for h in boxes), quiet=True, verbosity=args.verbose or 0)
-        codes.append(result.exit_code)
-        for name, outcome in sorted(result.hosts.items()):
-            if outcome.failed or outcome.unreachable:  # the play was quiet: say why this relaunch did not happen
-                why = first_line(list(reversed(outcome.messages))) or "the launch failed"
-                console.print(f"  [red]not relaunched[/red] {escape(name)}: {escape(why)}")
+    codes = [engine.relaunch(args, console, mine, extravars, ledger)
+             for engine, mine in split([h for h in all_hosts if h.name in names])]
     return errors.worst(codes)
 
 

@@ -28,12 +28,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import confirmation, errors, k8s_run, output, paths
+from rgt import engines, errors, output, paths
+from rgt.engines.base import StopInterrupted
 from rgt.inventory import read_inventory
 from rgt.ledger import ledger_dir, read_json, runs_dir
-from rgt.phases import run_playbook
 from rgt.prepare import prepare
-from rgt.profiles import verb_plan
 from rgt.safetext import printable
 
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
@@ -94,44 +93,6 @@ def instances_of(hosts: list, inventory: str, limit: str | None) -> list[Instanc
     return [Instance(iid, sorted(group, key=lambda h: h.name),
                      sorted(name for name, other in everyone.items() if other == iid))
             for iid, group in by_id.items()]
-
-
-def assess(inst: Instance, look, runs: Path, lib) -> dict:
-    """The plan of one instance: the verb, and the gate over the listings the read-only play brought back."""
-    item = verb_plan(inst)
-    item.update(status=None, gate=None, reasons=[])
-    outcomes = {name: look.hosts.get(name) for name in inst.names}
-    reports = {name: (o.results.get("teardown_box_report") if o else None) for name, o in outcomes.items()}
-    if any(o is not None and o.host_key_mismatch for o in outcomes.values()):
-        item.update(status="refused", reasons=["the host key does not match its pin: check it with rgt-run pin "
-                                               "(never retried)"])
-        return item
-    if reports and all(isinstance(r, dict) and r.get("already_gone") for r in reports.values()):
-        record = next(iter(reports.values())).get("record") or {}
-        item.update(status="already gone", final_state=record.get("final_state"))
-        return item
-    in_flight = [r for r in reports.values() if isinstance(r, dict) and r.get("in_flight")]
-    if in_flight:  # the stop went out (or was about to) in an earlier run: poll it; the box may be gone already
-        record = in_flight[0].get("record") or {}
-        item.update(status="in flight", requested_at=record.get("requested_at") or record.get("at"),
-                    final_state=record.get("final_state"), calls=record.get("calls") or [])
-        return item
-    listed = {n: r for n, r in reports.items() if isinstance(r, dict) and isinstance(r.get("box"), dict)}
-    unlisted = sorted(set(inst.names) - set(listed))
-    if unlisted and not listed:
-        bad = [outcomes[n] for n in unlisted]
-        status = "unreachable" if all(o is None or o.unreachable for o in bad) else "failed"
-        first = next((m for o in bad if o for m in o.messages if m), "the listing play returned nothing")
-        item.update(status=status, reasons=[f"could not list the runs on the box: {first.splitlines()[0]}"])
-        return item
-    boxes = [r["box"] for r in listed.values()]
-    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, boxes, str(runs), inst.profile, lib,
-                          unlisted=unlisted)
-    item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
-    if item["verb"] == "scancel":  # the cluster's meter is its jobs: the same list the module cancels
-        item["slurm_jobs"] = [j["job_id"] for j in paths.module_util("rgt_slurm").teardown_jobs(inst.instance_id,
-                                                                                                 boxes)]
-    return item
 
 
 # ---------------------------------------------------------------- what the person reads
@@ -256,31 +217,24 @@ def _look_code(items: list[dict]) -> int:
 def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     ns = argparse.Namespace(playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), extra_vars=args.extra_vars,
                             inventory=args.inventory, limit=args.limit, ledger=args.ledger)
-    playbook, hosts, extravars = prepare(ns, pins=True)
+    _playbook, hosts, extravars = prepare(ns, pins=True)
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
     instances = instances_of(hosts, args.inventory, args.limit)
-    # a Kubernetes host has no box to look at: its Jobs are looked at (and deleted) with kubectl (rgt.k8s_run)
-    on_cluster = {i.instance_id for i in instances if all(k8s_run.is_k8s(h) for h in i.hosts)}
-    boxes = [h for i in instances if i.instance_id not in on_cluster for h in i.hosts]
+    groups = engines.split_instances(instances)  # a Kubernetes host's Jobs are looked at with kubectl, not a play
     doc: dict = {"command": "teardown", "ledger": str(ledger), "runs_dir": str(runs), "instances": {}, "hosts": {}}
 
     # 1. look at every box, read-only: the listing play ends before the gate and the verb (and runs in check mode)
     console.print(f"[bold]rgt[/bold] teardown: looking at {len(instances)} box(es) before asking anything "
                   "(read-only): " + ", ".join(f"{escape(i.instance_id)} ({', '.join(i.names)})" for i in instances))
-    look = run_playbook(playbook, args.inventory, boxes, ledger=ledger, console=console,
-                        extravars={**extravars, "rgt_runs_dir": str(runs), "teardown_plan_only": True},
-                        limit=",".join(h.name for h in boxes), check=True, quiet=not args.verbose,
-                        verbosity=args.verbose) if boxes else None
-    if look is not None and look.status == "canceled":  # Ctrl-C while looking: nothing was asked or called
-        raise KeyboardInterrupt
     lib = manifest_lib()
-    items = [k8s_run.assess(inst, ledger, runs, lib) if inst.instance_id in on_cluster
-             else assess(inst, look, runs, lib) for inst in instances]
+    planned = {}
+    for engine, mine in groups:  # Ctrl-C while looking: nothing was asked or called (KeyboardInterrupt)
+        planned.update(engine.assess(mine, args, extravars, ledger, runs, console, lib))
+    items = [planned[inst.instance_id] for inst in instances]
     for item in items:
         render_plan(console, item)
         doc["instances"][item["instance_id"]] = item
-    by_id = {i.instance_id: i for i in instances}
 
     def host_entries(item: dict, **fields) -> None:
         verb = {k: item[k] for k in ("profile", "verb", "label", "reversible", "deletes", "keeps_billing")}
@@ -308,62 +262,23 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
         doc["instances"][iid].update(refused=True, reason=reason)
         host_entries(doc["instances"][iid], refused=True, reason=reason, status="refused")
     code = errors.REFUSED if refused else errors.OK
-    for iid in [i for i in confirmed if i in on_cluster]:
-        console.print(f"\n[bold]rgt[/bold] teardown of {escape(iid)}: deleting its Jobs")
-        outcome = k8s_run.tear_down(by_id[iid], doc["instances"][iid], ledger, runs, lib)
+
+    def done(iid: str, outcome: dict) -> None:
         doc["instances"][iid]["outcome"] = outcome
         host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
                      status=outcome["status"], messages=outcome["messages"])
         _print_outcome(console, doc["instances"][iid], outcome)
-        code = errors.worst([code, {"done": errors.OK, "refused": errors.REFUSED,
-                                    "unreachable": errors.UNREACHABLE}.get(outcome["status"], errors.FAILED)])
-    confirmed_hosts = [h for iid in confirmed if iid not in on_cluster for h in by_id[iid].hosts]
-    running = [iid for iid in [*confirmed, *resumed] if iid not in on_cluster]
-    run_hosts = [h for iid in running for h in by_id[iid].hosts]
-    if run_hosts:
-        evars = {**extravars, "rgt_runs_dir": str(runs),
-                 confirmation.CHANNEL: {h.name: h.instance_id for h in confirmed_hosts}}
-        console.print(f"\n[bold]rgt[/bold] teardown of {len(running)} instance(s): "
-                      + ", ".join(escape(iid) + (" (polling the stop in flight)" if iid in resumed else "")
-                                  for iid in running))
-        result = run_playbook(playbook, args.inventory, run_hosts, ledger=ledger, console=console, extravars=evars,
-                              limit=",".join(h.name for h in run_hosts), verbosity=args.verbose)
-        console.print()
-        if result.status == "canceled":
-            return _interrupted(console, doc, [by_id[iid] for iid in running], ledger, args)
-        for iid in running:
-            outcome = _outcome(by_id[iid], result, ledger)
-            doc["instances"][iid]["outcome"] = outcome
-            host_entries(doc["instances"][iid], refused=outcome["refused"], final_state=outcome["final_state"],
-                         status=outcome["status"], messages=outcome["messages"])
-            _print_outcome(console, doc["instances"][iid], outcome)
-        code = errors.worst([code, result.exit_code])
+
+    # 2. stop each confirmed instance (and poll each stop in flight) through its engine
+    for engine, mine in groups:
+        ids = {i.instance_id for i in mine}
+        try:
+            codes = engine.stop(mine, doc["instances"], [i for i in confirmed if i in ids],
+                                [i for i in resumed if i in ids], args, extravars, ledger, runs, console, lib, done)
+        except StopInterrupted as stopped:
+            return _interrupted(console, doc, stopped.instances, ledger, args)
+        code = errors.worst([code, *codes])
     return _finish(console, doc, code, args)
-
-
-def _outcome(inst: Instance, result, ledger: Path) -> dict:
-    """What happened to one instance: the host that ran its teardown, its ledger record and report."""
-    outs = {name: result.hosts.get(name) for name in inst.names}
-    ran = next((n for n, o in outs.items() if o and (o.results.get("teardown_outcome_report") or o.failed)), None)
-    ran = ran or inst.names[0]
-    out = outs.get(ran)
-    report = (out.results.get("teardown_outcome_report") if out else None) or {}
-    record = read_json(ledger / "teardown" / f"{ran}.json") or {}
-    outcome = {"host": ran, "refused": bool(out and out.gate_refused), "final_state": None, "calls": [],
-               "messages": [m for o in outs.values() if o for m in o.messages], "report": report}
-    if out is None:
-        outcome["status"] = "not run"
-    elif out.gate_refused:
-        outcome["status"] = "refused"
-    elif out.unreachable:
-        outcome["status"] = "unreachable"
-    elif out.failed:
-        outcome.update(status="failed", final_state=record.get("final_state"), calls=record.get("calls") or [])
-    else:
-        outcome.update(status="done", final_state=record.get("final_state") or report.get("final_state"),
-                       calls=record.get("calls") or report.get("calls") or [],
-                       keeps_billing=record.get("keeps_billing") or report.get("keeps_billing"))
-    return outcome
 
 
 def _print_outcome(console: Console, item: dict, outcome: dict) -> None:

@@ -176,7 +176,15 @@ def layer_map() -> dict[str, list[str]]:
 
 
 def modules_on_disk(folder: str) -> set[str]:
-    return {p.stem for p in (REPO / folder).glob("*.py") if p.stem != "__init__"}
+    """A folder's modules by their names in the map: a subpackage's module dotted (`engines.ssh`), its __init__.py
+    the package's name (`engines`); the folder's own __init__.py is none."""
+    names = set()
+    for path in (REPO / folder).rglob("*.py"):
+        parts = path.relative_to(REPO / folder).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts:
+            names.add(".".join(parts))
+    return names
 
 
 def test_the_layer_map_lists_every_module_once_in_the_order_of_the_layers():

@@ -55,8 +55,8 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str]]:
         names = [node.module or ""]
     out = []
     for name in names:
-        if name == "rgt" or name.startswith("rgt."):
-            out.append(("runner", name.split(".")[1] if "." in name else "rgt"))
+        if name == "rgt" or name.startswith("rgt."):  # a subpackage's module keeps its package: `engines.ssh`
+            out.append(("runner", name.split(".", 1)[1] if "." in name else "rgt"))
         elif name.startswith(MODULE_UTILS_PACKAGE + "."):
             out.append(("module_util", name[len(MODULE_UTILS_PACKAGE) + 1:].split(".")[0]))
         else:
@@ -66,7 +66,7 @@ def _targets(node: ast.Import | ast.ImportFrom) -> list[tuple[str, str]]:
 
 def imports_of(path: Path) -> list[Import]:
     """Every import statement of a module, at its top or inside a function (at any depth)."""
-    module = path.stem
+    module = module_name(path)
     found: list[Import] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -81,12 +81,22 @@ def imports_of(path: Path) -> list[Import]:
     return found
 
 
+def module_name(path: Path) -> str:
+    """A runner module's name in rgt.layers: `status`, `engines.ssh`; a subpackage's __init__.py is `engines`."""
+    parts = path.relative_to(RUNNER).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runner_files() -> list[Path]:
+    return sorted(p for p in RUNNER.rglob("*.py") if p != RUNNER / "__init__.py")
+
+
 def runner_modules() -> list[str]:
-    return sorted(p.stem for p in RUNNER.glob("*.py") if p.stem != "__init__")
+    return sorted(module_name(p) for p in runner_files())
 
 
 def graph() -> list[Import]:
-    return [imp for name in runner_modules() for imp in imports_of(RUNNER / f"{name}.py")]
+    return [imp for path in runner_files() for imp in imports_of(path)]
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -167,6 +177,7 @@ def test_the_layer_rule_reads_top_down():
     assert layers.may_import("observe", "ledger") and layers.may_import("ledger", "rgt_runlayout")
     assert layers.may_import("status", "runreport")  # the same layer
     assert not layers.may_import("ledger", "status") and not layers.may_import("k8s_run", "teardown")
+    assert layers.may_import("pull", "engines") and not layers.may_import("engines.ssh", "pull")
     assert not layers.may_import("prepare", "cli")
 
 

@@ -58,7 +58,7 @@ def test_the_teardown_plan_lists_what_the_profiles_own_verb_deletes(name):
     profile = SHIPPED[name]
     stop, terminate = LOST[name]
     inst = td.Instance("i-1", [SimpleNamespace(name="h1", profile=profile)], ["h1"])
-    assert td.verb_plan(inst)["deletes"] == (stop if profile["meter_stop"]["reversible"] else terminate)
+    assert profiles.verb_plan(inst)["deletes"] == (stop if profile["meter_stop"]["reversible"] else terminate)
 
 
 def _root_on(mount_path: str) -> str:

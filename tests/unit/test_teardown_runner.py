@@ -7,9 +7,10 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from rgt import teardown as td
+from rgt.engines.ssh import assess_instance as assess
 from rgt.events import HostOutcome
 from rgt.inventory import Host
-from rgt.profiles import load_profile
+from rgt.profiles import load_profile, verb_plan
 
 
 def host(name, profile, instance_id):
@@ -52,7 +53,7 @@ def empty_box(root="/workspace"):
 
 
 def test_plan_tells_irreversible_terminate_what_it_deletes_and_what_keeps_billing():
-    item = td.verb_plan(instance("runpod", "pod-1"))
+    item = verb_plan(instance("runpod", "pod-1"))
     assert item["verb"] == "terminate" and item["reversible"] is False
     assert "/" in item["deletes"] and "/workspace" not in item["deletes"]
     assert any("Network Volume" in line for line in item["keeps_billing"])
@@ -65,7 +66,7 @@ def test_plan_tells_irreversible_terminate_what_it_deletes_and_what_keeps_billin
 
 def test_plan_of_a_reversible_power_off_names_the_clock_it_starts(monkeypatch):
     monkeypatch.delenv("AUTODL_TOKEN", raising=False)
-    item = td.verb_plan(instance("autodl", "adl-1"))
+    item = verb_plan(instance("autodl", "adl-1"))
     assert item["reversible"] is True and item["verb"] == "power_off"
     assert "/root/autodl-fs" not in item["deletes"]
     assert item["console_steps"] is True and any("关机" in step for step in item["manual_steps"])
@@ -80,7 +81,7 @@ def test_plan_of_a_reversible_power_off_names_the_clock_it_starts(monkeypatch):
 
 def test_with_the_token_set_autodl_plans_the_api_call_not_the_console(monkeypatch):
     monkeypatch.setenv("AUTODL_TOKEN", "t")
-    item = td.verb_plan(instance("autodl", "adl-1"))
+    item = verb_plan(instance("autodl", "adl-1"))
     assert item["console_steps"] is False and item["manual_steps"] == [] and item["clocks"]
 
 
@@ -94,24 +95,24 @@ def test_hosts_sharing_an_instance_are_one_instance_in_the_plan():
 def test_an_empty_box_passes_and_says_so(tmp_path):
     inst = instance("runpod", "pod-1", "a", "b")
     look = looked({"a": {"already_gone": False, "box": empty_box()}, "b": {"already_gone": False, "box": empty_box()}})
-    item = td.assess(inst, look, tmp_path, td.manifest_lib())
+    item = assess(inst, look, tmp_path, td.manifest_lib())
     assert item["status"] == "ready" and item["gate"]["runs"] == []
     assert item["gate"]["notes"] == ["no runs on the box (under /workspace): nothing on it waits for a pull"]
 
 
 def test_a_host_of_the_instance_that_could_not_look_refuses_the_instance(tmp_path):
     inst = instance("runpod", "pod-1", "a", "b")
-    item = td.assess(inst, looked({"a": {"already_gone": False, "box": empty_box()}}, unreachable=["b"]), tmp_path,
+    item = assess(inst, looked({"a": {"already_gone": False, "box": empty_box()}}, unreachable=["b"]), tmp_path,
                      td.manifest_lib())
     assert item["status"] == "refused"
     assert "host b (instance pod-1) could not list the runs on its box" in item["reasons"][0]
-    alone = td.assess(instance("runpod", "pod-2", "c"), looked({}, unreachable=["c"]), tmp_path, td.manifest_lib())
+    alone = assess(instance("runpod", "pod-2", "c"), looked({}, unreachable=["c"]), tmp_path, td.manifest_lib())
     assert alone["status"] == "unreachable" and "timed out" in alone["reasons"][0]
 
 
 def test_an_instance_recorded_gone_is_not_planned_again(tmp_path):
     report = {"already_gone": True, "record": {"final_state": "gone", "instance_id": "pod-1"}}
-    item = td.assess(instance("runpod", "pod-1"), looked({"h": report}), tmp_path, td.manifest_lib())
+    item = assess(instance("runpod", "pod-1"), looked({"h": report}), tmp_path, td.manifest_lib())
     assert item["status"] == "already gone" and item["gate"] is None
 
 
@@ -144,7 +145,7 @@ def test_a_slurm_plan_names_every_job_the_teardown_will_cancel_before_asking(tmp
                     "attempt": 1, "export": {}, "slurm_job_id": job_id}
                    for run_id, job_id in (("a", "41"), ("arr--seed=1", "42_0"), ("arr--seed=2", "42_1"),
                                           ("b", "41"))]
-    item = td.assess(instance("slurm", "login-1"), looked({"h": {"already_gone": False, "box": box}}), tmp_path,
+    item = assess(instance("slurm", "login-1"), looked({"h": {"already_gone": False, "box": box}}), tmp_path,
                      td.manifest_lib())
     assert item["slurm_jobs"] == ["login-1", "41", "42_0", "42_1"]
     console = Typed([])
@@ -160,7 +161,7 @@ def test_a_stop_in_flight_is_planned_as_a_poll_without_the_box_or_a_confirmation
               "requested_at": "2026-12-01T06:43:00+00:00", "calls": [{"method": "DELETE", "path": "/v2/pods/pod-1",
                                                                      "status": 204}]}
     look = looked({"a": {"already_gone": False, "in_flight": True, "record": record}}, unreachable=["b"])
-    item = td.assess(instance("runpod", "pod-1", "a", "b"), look, tmp_path, td.manifest_lib())
+    item = assess(instance("runpod", "pod-1", "a", "b"), look, tmp_path, td.manifest_lib())
     assert item["status"] == "in flight" and item["gate"] is None
     assert item["requested_at"] == "2026-12-01T06:43:00+00:00"
     assert td._look_code([item]) == 0
