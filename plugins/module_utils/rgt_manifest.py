@@ -14,7 +14,11 @@ Rules:
 - paths are POSIX, relative to the capsule, sorted, no duplicate, and pass rgt_runlayout.check_relpath (no absolute
   path, no `..`, no empty component, no backslash);
 - nothing inside the capsule is ignored (rsync's partial files live in a --partial-dir outside it);
-- hashing reads 1 MiB chunks; an empty capsule is refused.
+- hashing reads 1 MiB chunks; an empty capsule is refused;
+- hash once: a caller that has just hashed a file (the seal while it copies it, the pull's repair pass) hands
+  `build_manifest` / `compare` its {path: (stat_key, sha256)}; a hash is taken from it only while the file's
+  stat_key (device, inode, size, mtime_ns, ctime_ns) is unchanged, so any write, rename onto, utime or chmod since
+  sends the file through sha256_file again.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -29,6 +33,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 
 SCHEMA = "rgt/manifest/v1"
 CHUNK = 1 << 20  # a header bound below counts in these
@@ -56,6 +61,31 @@ def sha256_file(path):
     for block in read_blocks(path):
         digest.update(block)
     return digest.hexdigest()
+
+
+def stat_key(st):
+    """What names one version of a file's bytes: [device, inode, size, mtime_ns, ctime_ns]. Writing the file,
+    renaming another onto it, truncating it, touching its mtime or mode each change one of them (the ctime is the
+    kernel's: no user can set it back)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def known_sha(known, rel, st):
+    """The SHA-256 a caller recorded for rel while its stat_key was st's, else None (hash the file again)."""
+    entry = (known or {}).get(rel)
+    if entry and list(entry[0]) == stat_key(st) and isinstance(entry[1], str) and SHA_RE.match(entry[1]):
+        return entry[1]
+    return None
+
+
+RACY_NS = 2 * 10 ** 9  # a file changed this recently may change again within its timestamps' granularity
+
+
+def settled(before, after, started_ns):
+    """True when a hash read between the stats `before` and `after` may be recorded under before's stat_key: the
+    file did not change during the read, and its last change (ctime) is older than the read by RACY_NS, so that a
+    later write cannot leave the same mtime_ns and ctime_ns behind (git's "racily clean" rule)."""
+    return stat_key(before) == stat_key(after) and before.st_ctime_ns < started_ns - RACY_NS
 
 
 def sha256_bytes(data):
@@ -96,10 +126,12 @@ def list_tree(root, refuse_symlinks=True):
     return files, links, others
 
 
-def build_manifest(root, run_id, host=None, instance_id=None, created_at=None, logs=None):
+def build_manifest(root, run_id, host=None, instance_id=None, created_at=None, logs=None, known=None):
     """The manifest document of the capsule at root (one pass, 1 MiB chunks). `logs` (the seal's record of the
     run's logs: {max_bytes, files: [{path, source, source_bytes, bytes, sealed, capped, omitted, reason}]}) is kept
-    as the manifest's `logs` when given; the files it seals are in `files` like every other file."""
+    as the manifest's `logs` when given; the files it seals are in `files` like every other file. `known`
+    ({path: (stat_key, sha256)}, the seal's hashes taken while it copied) spares a file's second read while its
+    stat_key is unchanged (known_sha)."""
     problem = check_name(run_id, "run id")
     if problem:
         raise ManifestError(problem)
@@ -120,8 +152,9 @@ def build_manifest(root, run_id, host=None, instance_id=None, created_at=None, l
             reason = "escapes the capsule"
         if reason:
             raise ManifestError("refused path %s: %s" % (rel, reason))
-        size = os.lstat(full).st_size
-        entries.append({"path": rel, "bytes": size, "sha256": sha256_file(full)})
+        st = os.lstat(full)
+        size = st.st_size
+        entries.append({"path": rel, "bytes": size, "sha256": known_sha(known, rel, st) or sha256_file(full)})
         total += size
     doc = {"schema": SCHEMA, "run_id": run_id, "host": host, "instance_id": instance_id,
            "created_at": created_at, "files": entries, "totals": {"files": len(entries), "bytes": total}}
@@ -226,11 +259,13 @@ def top_level_entries(doc):
     return sorted(set(e["path"].split("/", 1)[0] for e in doc["files"]))
 
 
-def compare(root, doc):
+def compare(root, doc, known=None, record=None):
     """Compare a local directory with a (valid) manifest.
 
     Returns {ok, missing, unexpected, size_mismatch, sha_mismatch, files, bytes}; lists hold paths. A local
-    symlink or special file counts as unexpected (it is never followed). Nothing is ignored."""
+    symlink or special file counts as unexpected (it is never followed). Nothing is ignored. `known` ({path:
+    (stat_key, sha256)}) gives the hash of a file unchanged since it was hashed (known_sha); `record`, a dict,
+    receives {path: [stat_key, sha256]} of every file of the right size whose hash may be reused (`settled`)."""
     expected = dict((e["path"], e) for e in doc["files"])
     result = {"missing": [], "unexpected": [], "size_mismatch": [], "sha_mismatch": []}
     if os.path.isdir(root) and not os.path.islink(root):
@@ -244,10 +279,19 @@ def compare(root, doc):
     for path in sorted(local & set(expected)):
         entry = expected[path]
         full = os.path.join(root, *path.split("/"))
-        if os.lstat(full).st_size != entry["bytes"]:
+        st = os.lstat(full)
+        if st.st_size != entry["bytes"]:
             result["size_mismatch"].append(path)
             continue
-        if sha256_file(full) != entry["sha256"]:
+        digest = known_sha(known, path, st)
+        if digest is None:
+            started = time.time_ns() if hasattr(time, "time_ns") else int(time.time() * 1e9)
+            digest = sha256_file(full)
+            if record is not None and settled(st, os.lstat(full), started):
+                record[path] = [stat_key(st), digest]
+        elif record is not None:
+            record[path] = [stat_key(st), digest]
+        if digest != entry["sha256"]:
             result["sha_mismatch"].append(path)
             continue
         checked += 1

@@ -26,6 +26,7 @@ __metaclass__ = type
 
 import errno
 import fnmatch
+import hashlib
 import os
 import stat
 
@@ -279,7 +280,8 @@ def present(run_dir, sub, entries):
 def copy_file(base_fd, rel, dst, label=""):
     """Copy the regular file `rel` (under base_fd) to dst: every component opened with O_NOFOLLOW relative to
     its parent's descriptor, the bytes read from the descriptor that was opened; mode and mtime kept, dst fsynced.
-    Refused when a component is a symlink (or the file is not a regular file)."""
+    Refused when a component is a symlink (or the file is not a regular file). Returns the SHA-256 of the bytes
+    copied (the seal's manifest takes it instead of reading dst again: rgt_manifest.known_sha)."""
     parts = rel.split("/")
     fds = []
     try:
@@ -307,11 +309,13 @@ def copy_file(base_fd, rel, dst, label=""):
         if parent and not os.path.isdir(parent):
             os.makedirs(parent)
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o600)
+        digest = hashlib.sha256()
         try:
             while True:
                 block = os.read(src, CHUNK)
                 if not block:
                     break
+                digest.update(block)
                 view = memoryview(block)
                 while view:
                     view = view[os.write(out, view):]
@@ -320,6 +324,7 @@ def copy_file(base_fd, rel, dst, label=""):
         finally:
             os.close(out)
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return digest.hexdigest()
     finally:
         for fd in reversed(fds):
             os.close(fd)

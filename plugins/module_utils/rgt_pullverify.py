@@ -9,7 +9,12 @@ face, and the Kubernetes pull (runner/rgt/k8s_engine.py) calls it directly.
 
 - `verify_pull(p) -> (result, msg)`: p holds the module's options (dest, manifest_path, incoming_manifest, run_id,
   host, instance_id, profile, declared_checkpoints, verify_command, verify_timeout_s, not_pulled, verify,
-  write_marker, max_names); msg is None when verified, else the failure (the marker is removed).
+  write_marker, max_names, reuse_hashes); msg is None when verified, else the failure (the marker is removed).
+- Hash once: the promotion's repair pass (a re-pull: the local copy exists) records the hashes it read in
+  `.incoming/<host>.hashes.json` with each file's stat key (rgt_manifest.stat_key, only for files settled before
+  the read); the verification of the same pull (reuse_hashes) takes a file's hash from there while its stat key
+  is unchanged (rsync replaces a file it writes: a new inode, hashed again) and removes the record. Every other
+  verification (verify-only, the Kubernetes pull, the teardown gate) reads every byte.
 - `promote(incoming, target, run_id, host, instance_id)`, `Failed`: the manifest's promotion alone.
 - `build_report(p, check_mode=False) -> (report, failure)`: the role's report from the results its steps
   registered (p["report"]).
@@ -108,12 +113,44 @@ def promote(incoming, target, run_id, host, instance_id):
     return doc, raw, True
 
 
-def repairs(dest, doc, list_path):
+HASHES_SCHEMA = "rgt/pull-hashes/v1"
+
+
+def hashes_path(dest, host):
+    """The repair pass's hashes for this pull's verification: <runs>/<run_id>/.incoming/<host>.hashes.json."""
+    return os.path.join(os.path.dirname(dest.rstrip("/")), ".incoming", "%s.hashes.json" % host)
+
+
+def write_hashes(path, dest, sha, record):
+    """Keep the repair pass's {path: [stat_key, sha256]} for the verification that follows (atomic); none: removed."""
+    if record and os.path.isdir(os.path.dirname(path)):
+        doc = {"schema": HASHES_SCHEMA, "dest": dest, "manifest_sha256": sha, "files": record}
+        atomic_write(path, json.dumps(doc, sort_keys=True) + "\n")
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def take_hashes(path, dest, sha, reuse):
+    """The hashes the repair pass of this pull recorded for dest and this manifest, removed as they are read:
+    they serve the one verification that follows (`reuse`: the module's reuse_hashes, set by the collect role
+    when its repair pass ran). A verify-only run (reuse false) hashes every file and drops what a cut pull left.
+    {} when there are none (or they name another copy or manifest)."""
+    doc = read_json(path) if reuse else None
+    if os.path.lexists(path):
+        os.unlink(path)
+    if not isinstance(doc, dict) or doc.get("schema") != HASHES_SCHEMA or doc.get("dest") != dest or \
+            doc.get("manifest_sha256") != sha or not isinstance(doc.get("files"), dict):
+        return {}
+    return dict((k, v) for k, v in doc["files"].items() if isinstance(v, list) and len(v) == 2)
+
+
+def repairs(dest, doc, list_path, record=None):
     """Local files of dest whose size or SHA-256 differs from the manifest, and their NUL-separated list file
-    (removed when there is nothing to repair)."""
+    (removed when there is nothing to repair). `record` receives the hashes that may be reused (rgt_manifest
+    compare)."""
     found = []
     if os.path.isdir(dest) and not os.path.islink(dest):
-        cmp_result = mf.compare(dest, doc)
+        cmp_result = mf.compare(dest, doc, record=record)
         found = sorted(cmp_result["size_mismatch"] + cmp_result["sha_mismatch"])
     if found:
         atomic_write(list_path, "".join(path + "\0" for path in found).encode("utf-8"))
@@ -176,9 +213,10 @@ def remove_marker(marker):
     return True
 
 
-def check(p, dest, doc, result):
-    """The file checks, checkpoint loads and verify_command; returns (problems, checkpoints)."""
-    cmp_result = mf.compare(dest, doc)
+def check(p, dest, doc, result, known=None):
+    """The file checks, checkpoint loads and verify_command; returns (problems, checkpoints). `known`: the repair
+    pass's hashes of files unchanged since (take_hashes; rgt_manifest.known_sha)."""
+    cmp_result = mf.compare(dest, doc, known=known)
     result.update((k, cmp_result[k]) for k in ("missing", "unexpected", "size_mismatch", "sha_mismatch"))
     problems = []
     described = mf.describe_problems(cmp_result, p["max_names"])
@@ -327,13 +365,16 @@ def run(p, dest, marker, prov_path, result):
     sha = mf.sha256_bytes(raw)
     result.update(manifest_sha256=sha, entries=mf.top_level_entries(doc), files=doc["totals"]["files"],
                   bytes=doc["totals"]["bytes"])
+    cache = hashes_path(dest, p["host"])
     if not p["verify"]:
         if p["incoming_manifest"]:
             list_path = os.path.join(os.path.dirname(p["incoming_manifest"]), "%s.repair" % p["host"])
-            result["repair"], result["repair_list"] = repairs(dest, doc, list_path)
+            record = {}
+            result["repair"], result["repair_list"] = repairs(dest, doc, list_path, record)
+            write_hashes(cache, dest, sha, record)
         return
 
-    problems, checkpoints = check(p, dest, doc, result)
+    problems, checkpoints = check(p, dest, doc, result, take_hashes(cache, dest, sha, p.get("reuse_hashes")))
     result["checkpoints"] = checkpoints
     if problems:
         raise Failed("; ".join(problems), problems=problems)

@@ -33,6 +33,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -82,10 +83,17 @@ def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def gather(run_dir, sub, entries, partial, what, everything=False):
+def hashed(hashes, rel, dst, sha):
+    """Record in `hashes` the SHA-256 of the bytes just copied to dst, under dst's stat_key as it is now (the
+    manifest reads the file again only when it changed since: rgt_manifest.known_sha)."""
+    if hashes is not None and sha:
+        hashes[rel] = (mf.stat_key(os.lstat(dst)), sha)
+
+
+def gather(run_dir, sub, entries, partial, what, everything=False, hashes=None):
     """Copy what `entries` name under <run_dir>/<sub> (`out`, `ckpt`) into <partial>/<sub>, never through a
     symlink (module_utils/rgt_outputs). everything=True takes all of <sub>. Returns (copied paths relative to
-    <sub>, problems)."""
+    <sub>, problems); `hashes` receives each copy's {<sub>/<path>: (stat_key, sha256)} (hashed)."""
     label = sub + "/"
     problems = []
     try:
@@ -107,8 +115,9 @@ def gather(run_dir, sub, entries, partial, what, everything=False):
                 if r.problems:
                     problems.append("%s %s%s refused: %s" % (what, label, r.entry, "; ".join(r.problems)))
         for rel in files:  # what resolved cleanly is copied even when another entry failed (quarantine shows it)
+            dst = os.path.join(partial, sub, *rel.split("/"))
             try:
-                outs.copy_file(base, rel, os.path.join(partial, sub, *rel.split("/")), label)
+                hashed(hashes, label + rel, dst, outs.copy_file(base, rel, dst, label))
             except outs.Refused as exc:
                 problems.append(str(exc))
         return files, problems
@@ -148,21 +157,28 @@ def log_room(directory):
     return max(0, st.f_bavail * st.f_frsize - floor), floor
 
 
-def _copy_range(src, out, start, end):
-    """Copy bytes [start, end) of the descriptor src to out in CHUNK blocks; the count copied (less at an EOF)."""
+def _write(out, data, digest):
+    """Write all of data to the descriptor out, hashing it into digest."""
+    digest.update(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(out, view):]
+
+
+def _copy_range(src, out, start, end, digest):
+    """Copy bytes [start, end) of the descriptor src to out in CHUNK blocks, hashing what is written into digest;
+    the count copied (less at an EOF)."""
     pos = start
     while pos < end:
         block = os.pread(src, min(mf.CHUNK, end - pos), pos)
         if not block:
             break
-        view = memoryview(block)
-        while view:
-            view = view[os.write(out, view):]
+        _write(out, block, digest)
         pos += len(block)
     return pos - start
 
 
-def _capped(src, out, size, limit, why, source):
+def _capped(src, out, size, limit, why, source, digest):
     """Write the first and the last ~limit/2 bytes of src (cut at line ends) to out with a line between them that
     says what was left out and why. Returns (bytes written, [first omitted byte, end of the omitted range))."""
     head = os.pread(src, limit // 2, 0)
@@ -179,11 +195,9 @@ def _capped(src, out, size, limit, why, source):
                                                              len(head), start, start - len(head), size, why, source))
     written = 0
     for data in (head, line.encode("utf-8")):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(out, view):]
+        _write(out, data, digest)
         written += len(data)
-    return written + _copy_range(src, out, start, size), [len(head), start]
+    return written + _copy_range(src, out, start, size, digest), [len(head), start]
 
 
 def _not_sealed(rec, why):
@@ -191,13 +205,13 @@ def _not_sealed(rec, why):
     return rec
 
 
-def copy_log(dir_fd, name, dst, max_bytes, source, share=1):
+def copy_log(dir_fd, name, dst, max_bytes, source, share=1, hashes=None):
     """Copy the log `name` (under dir_fd, opened without following a symlink) to dst: whole when it fits its cap
     (max_bytes, lowered to its `share` of log_room: the room left divided among the logs still to copy), else
     capped (_capped). Never raises for the log itself: what could not be copied is a record with sealed false and
     the reason (and no file at dst). The record: {path (in the capsule, or None), source (the box's path),
     source_bytes, bytes, sealed, capped, omitted ([start, end) left out, or None), reason (None for a whole
-    copy)}."""
+    copy)}. `hashes` receives the copy's {logs/<name>: (stat_key, sha256)} (hashed)."""
     rec = {"path": "logs/" + os.path.basename(dst), "source": source, "source_bytes": None, "bytes": 0,
            "sealed": False, "capped": False, "omitted": None, "reason": None}
     try:
@@ -234,10 +248,11 @@ def copy_log(dir_fd, name, dst, max_bytes, source, share=1):
         if not os.path.isdir(parent):
             os.makedirs(parent)
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        digest = hashlib.sha256()
         if size <= limit:  # the size when it was opened: a finished run's log does not grow
-            rec["bytes"] = _copy_range(src, out, 0, size)
+            rec["bytes"] = _copy_range(src, out, 0, size, digest)
         else:
-            rec["bytes"], rec["omitted"] = _capped(src, out, size, limit, why, source)
+            rec["bytes"], rec["omitted"] = _capped(src, out, size, limit, why, source, digest)
             rec["capped"] = True
             rec["reason"] = "capped: bytes %d to %d (%s of %s) are not in the export: %s" % (
                 rec["omitted"][0], rec["omitted"][1], _mib(rec["omitted"][1] - rec["omitted"][0]), _mib(size), why)
@@ -246,6 +261,7 @@ def copy_log(dir_fd, name, dst, max_bytes, source, share=1):
         os.close(out)
         out = None
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        hashed(hashes, rec["path"], dst, digest.hexdigest())
         rec["sealed"] = True
         return rec
     except (IOError, OSError) as exc:
@@ -312,13 +328,13 @@ def _size_of(dir_fd, name):
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def gather_logs(paths, partial, max_bytes):
+def gather_logs(paths, partial, max_bytes, hashes=None):
     """Copy the run's logs into <partial>/logs/ (copy_log): logs/job.log, .rgt/attempts.jsonl (as
     logs/attempts.jsonl), the other entries at the top of logs/ (wrapper.log, slurm-<id>.out; a directory or a link
     is recorded, not followed), and a Slurm array task's output from its sweep's logs/. The smallest are copied
     first, each with an equal share of the room the disk has left, so a huge log never crowds out the attempt
     records. Returns the `logs` record for run.json and the manifest: {max_bytes, files: [copy_log's], in the
-    order above}."""
+    order above}; `hashes` receives each copy's hash (copy_log)."""
     files, taken, jobs = [], set(), []
     logs_fd, logs_why = _open(paths.run_dir, "logs")
     meta_fd, meta_why = _open(paths.run_dir, ".rgt")
@@ -354,7 +370,7 @@ def gather_logs(paths, partial, max_bytes):
         jobs.sort(key=lambda job: (_size_of(job[1], job[2]), job[0]))
         for done, (index, fd, name, as_name, source) in enumerate(jobs):
             files[index] = copy_log(fd, name, os.path.join(partial, "logs", as_name), max_bytes, source,
-                                    share=len(jobs) - done)
+                                    share=len(jobs) - done, hashes=hashes)
     finally:
         for fd in opened:
             os.close(fd)
@@ -516,21 +532,24 @@ def seal(params, check_mode=False):
     job = read_json(paths.job) or {}
     checkpoints = []
     logs = None
+    hashes = {}  # {path in the capsule: (stat_key, sha256)} of every copy, hashed while it was copied
     try:
         if os.path.lexists(partial):
             shutil.rmtree(partial) if os.path.isdir(partial) and not os.path.islink(partial) else os.unlink(partial)
         os.makedirs(partial)
         problems = []
-        _files, found = gather(paths.run_dir, "out", p["outputs"], partial, "required output", everything=outputs_all)
+        _files, found = gather(paths.run_dir, "out", p["outputs"], partial, "required output", everything=outputs_all,
+                               hashes=hashes)
         problems += found
         if p["declared_checkpoints"]:
-            ck_files, found = gather(paths.run_dir, "ckpt", p["declared_checkpoints"], partial, "declared checkpoint")
+            ck_files, found = gather(paths.run_dir, "ckpt", p["declared_checkpoints"], partial, "declared checkpoint",
+                                     hashes=hashes)
             problems += found
             if not found:
                 checkpoints = [("ckpt/" + rel, os.path.join(partial, "ckpt", *rel.split("/"))) for rel in ck_files]
         results = bool(os.listdir(partial))  # outputs or checkpoints: the logs come with results, never instead
         if results and not problems:  # the results first: a log never takes an output's room, nor refuses the seal
-            logs = gather_logs(paths, partial, p["log_max_mb"] * MIB)
+            logs = gather_logs(paths, partial, p["log_max_mb"] * MIB, hashes)
         code_dir = job.get("code_dir") or ""
         run_doc = {"schema": "rgt/run/v1", "run_id": p["run_id"], "host": p["host"],
                    "instance_id": p["instance_id"], "job_name": p["job_name"] or p["run_id"],
@@ -569,7 +588,7 @@ def seal(params, check_mode=False):
         raise SealError("%s appeared during the closeout; a sealed export is never overwritten" % capsule, result)
     try:
         doc = mf.build_manifest(partial, p["run_id"], host=p["host"], instance_id=p["instance_id"],
-                                created_at=now_iso(), logs=logs)
+                                created_at=now_iso(), logs=logs, known=hashes)
         os.rename(partial, capsule)
         fsync_dir(paths.export_dir)
         fsync_dir(paths.partial_dir)

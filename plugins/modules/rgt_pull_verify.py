@@ -17,7 +17,8 @@ description:
     A manifest sealed on another host or instance than I(host)/I(instance_id) is refused, named.
   - After the promotion, when the local copy I(dest) exists, returns in C(repair) the local files whose size or
     SHA-256 differs from the manifest (rsync's quick check would skip a corrupted file with the right size and
-    mtime) and writes their NUL-separated list for C(rsync --from0 --files-from --ignore-times).
+    mtime) and writes their NUL-separated list for C(rsync --from0 --files-from --ignore-times), and keeps the
+    hashes it read for the verification of the same pull (I(reuse_hashes)).
   - With I(verify) the local directory I(dest) must equal the manifest exactly (missing and unexpected files are
     named), every size and SHA-256 must match, every declared checkpoint must load when a loader is importable,
     and I(verify_command) (if given) must exit 0 with cwd I(dest).
@@ -79,6 +80,13 @@ options:
     type: bool
     default: true
     description: "Write PULL_VERIFIED.json and PROVENANCE.md on success."
+  reuse_hashes:
+    type: bool
+    default: false
+    description:
+      - "Take the hash of a file from the repair pass of the same pull (C(.incoming/<host>.hashes.json), written by"
+      - "the promotion) while the file's device, inode, size, mtime and ctime are unchanged; other files are read."
+      - "The record is removed either way: it serves one verification. The collect role sets it unless verify-only."
   max_names:
     type: int
     default: 20
@@ -197,6 +205,7 @@ def main():
             not_pulled=dict(type="list", elements="dict", default=None),
             verify=dict(type="bool", default=True),
             write_marker=dict(type="bool", default=True),
+            reuse_hashes=dict(type="bool", default=False),
             max_names=dict(type="int", default=20),
             report=dict(type="dict"),
         ),

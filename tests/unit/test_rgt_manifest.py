@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import pytest
 
@@ -144,3 +145,39 @@ def test_the_logs_record_is_kept_and_a_sealed_log_it_names_must_be_listed(tmp_pa
         "logs.files[0] says 'logs/other.log' is sealed, but the manifest does not list it"]
     doc["logs"] = ["job.log"]
     assert mf.validate_manifest(doc, "r1") == ["logs must be an object with a list of files"]
+
+
+def test_a_recorded_hash_is_reused_only_while_the_file_is_unchanged(tmp_path, monkeypatch):
+    root = capsule(tmp_path)
+    doc = mf.build_manifest(str(root), "r1")
+    monkeypatch.setattr(mf, "RACY_NS", 0)  # the files were written just now: settled at once for this test
+    time.sleep(0.05)  # past the timestamps' granularity (what RACY_NS stands for in a real pull)
+    record = {}
+    assert mf.compare(str(root), doc, record=record)["ok"]
+    assert sorted(record) == [e["path"] for e in doc["files"]]
+    hashed = []
+    real = mf.sha256_file
+    monkeypatch.setattr(mf, "sha256_file", lambda path: hashed.append(os.path.basename(path)) or real(path))
+    assert mf.compare(str(root), doc, known=record)["ok"] and hashed == [], "nothing is read twice"
+
+    # rewritten in place with the same size and the same mtime: its ctime moved, so it is read and caught
+    weights = root / "out" / "weights.bin"
+    before = os.stat(weights)
+    time.sleep(0.05)
+    with open(weights, "r+b") as handle:
+        handle.write(b"X")
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(weights)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    res = mf.compare(str(root), doc, known=record)
+    assert res["sha_mismatch"] == ["out/weights.bin"] and hashed == ["weights.bin"]
+
+
+def test_a_hash_read_just_after_a_change_is_not_recorded(tmp_path):
+    root = capsule(tmp_path)
+    doc = mf.build_manifest(str(root), "r1")
+    record = {}
+    assert mf.compare(str(root), doc, record=record)["ok"]
+    assert record == {}, "changed under RACY_NS ago: a later write could keep the same mtime and ctime"
+    forged = {"run.json": [[0, 0, 3, 0, 0], "0" * 64]}  # another file's key: never trusted
+    assert mf.compare(str(root), doc, known=forged)["ok"]

@@ -414,3 +414,21 @@ def test_the_seal_pod_runs_the_load_checks_under_loader_python_from_its_own_dire
     rc, doc, _err = run_flat(flat, str(tmp_path / "params.json"))
     assert rc == 0 and doc["sealed"], doc
     assert load_checks(doc) == {"ckpt/step-10/weights.npy": (True, "array float32 (6,)")}
+
+
+def test_the_seal_hashes_each_file_while_it_copies_it_and_never_reads_the_candidate_back(tmp_path, monkeypatch):
+    run = make_run(tmp_path)
+    (run / "logs" / "job.log").write_bytes(lines(30_000))  # capped: its manifest hash is the kept bytes'
+    (run / "logs" / "wrapper.log").write_text("wrapper\n")
+    read_back = []
+    real = mf.sha256_file
+    monkeypatch.setattr(mf, "sha256_file", lambda path: read_back.append(path) or real(path))
+    got = rgt_seal.seal(params(tmp_path, declared_checkpoints=["step-10/"], log_max_mb=1))
+    assert got["sealed"], got
+    capsule = Path(got["capsule"])
+    assert [os.path.basename(p) for p in read_back] == ["run.json"], "only the file the seal wrote itself"
+    doc = mf.load_manifest(got["manifest_path"], RUN_ID)[0]
+    assert {e["path"] for e in doc["files"]} >= {"out/model.bin", "ckpt/step-10/weights.bin", "logs/job.log",
+                                                 "logs/wrapper.log", "logs/attempts.jsonl"}
+    for entry in doc["files"]:  # every hash is the sealed file's own
+        assert entry["sha256"] == mf.sha256_bytes((capsule / entry["path"]).read_bytes()), entry["path"]
