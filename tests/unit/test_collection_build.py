@@ -153,6 +153,9 @@ def test_wheel_carries_the_collection_and_the_runner_schemas(dists):
         assert f"rgt/schemas/{schema.name}" in names
     templates = sorted((REPO / "runner" / "rgt" / "templates").glob("*.j2"))
     assert templates and all(f"rgt/templates/{t.name}" in names for t in templates), "the report's templates"
+    modules = {str(p.relative_to(REPO / "runner")) for p in (REPO / "runner" / "rgt").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert not sorted(modules - names), "runner modules (each subpackage in pyproject's packages)"
     assert not [n for n in names if n.startswith(EMBEDDED + "tests/") or "known_hosts" in n or ".pyc" in n]
 
 
