@@ -3,6 +3,7 @@
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -145,3 +146,23 @@ def _own_working_state(monkeypatch):
     monkeypatch.chdir(root / "work")
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tmpfs():
+    """mount(path, options): a tmpfs mounted on the new directory `path` (mount -o `options`, e.g. "size=4m"),
+    unmounted after the test; the test is skipped where this process may not mount one."""
+    mounted = []
+
+    def mount(path: Path, options: str) -> Path:
+        path.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", str(path)], check=True)

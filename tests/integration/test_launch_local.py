@@ -439,16 +439,11 @@ os._exit(1)  # the save failed
 
 
 @pytest.fixture
-def small_box(tmp_path):
+def small_box(tmp_path, tmpfs):
     """A Box whose durable root is a 2 MiB, 200-inode tmpfs (unmounted at teardown)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("needs root to mount a small tmpfs")
-    durable = tmp_path / "durable"
-    durable.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=200,mode=0755", "rgt-small",
-                              str(durable)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: " + mounted.stderr.strip())
+    tmpfs(tmp_path / "durable", "size=2m,nr_inodes=200,mode=0755")
     link = COLLECTIONS / "ansible_collections" / "rgt" / "remote_gpu"
     if not link.exists():
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -458,7 +453,6 @@ def small_box(tmp_path):
         yield b
     finally:
         b.cleanup()
-        subprocess.run(["umount", str(durable)], capture_output=True)
 
 
 @needs_tmux

@@ -8,7 +8,6 @@ role; only SSH is absent (tests/integration/test_collect_stubs.py covers it on a
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -233,16 +232,9 @@ def test_a_manifest_sealed_on_another_host_or_instance_is_refused(tmp_path, rgt,
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path, tmpfs):
     """A 4 MiB tmpfs as the local runs dir (unmounted afterwards); skipped where mounting is not allowed."""
-    mnt = tmp_path / "runs"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    return tmpfs(tmp_path / "runs", "size=4m")
 
 
 def test_a_full_local_disk_while_writing_the_marker_leaves_no_marker(tmp_path, rgt, small_disk):

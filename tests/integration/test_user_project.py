@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from clihelp import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny_train" / "train.py"
@@ -183,18 +184,6 @@ def _kill_started(durable: Path, tmux_dir: Path) -> None:
     shutil.rmtree(tmux_dir, ignore_errors=True)
 
 
-def _wait(predicate, what: str, timeout: float = 90):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _exit_doc(run_dir: Path) -> dict | None:
     try:
         return json.loads((run_dir / ".rgt" / "exit.json").read_text())
@@ -243,12 +232,12 @@ def test_every_run_launched_to_a_box_is_remembered_and_acted_on_without_a_job_sp
         # the box's queue dies (killed without a word) while its first cell runs: the other never starts
         queue = json.loads((durable / "proj" / "sweeps" / "abl" / ".rgt" / "queue-state.json").read_text())
         os.kill(queue["pid"], signal.SIGKILL)
-        _wait(lambda: _exit_doc(cell_dir["abl--seed=1"]), "the first cell to finish")
+        wait_for(lambda: _exit_doc(cell_dir["abl--seed=1"]), 90, "the first cell to finish", 0.2)
         solo = rgt_in(proj, *launch, "-e", "@solo.yml", "--json")
         assert solo.returncode == 0, solo.stderr[-3000:]
-        _wait(lambda: list((solo_dir / "ckpt").glob("step_*.ckpt")), "a first checkpoint of solo")
+        wait_for(lambda: list((solo_dir / "ckpt").glob("step_*.ckpt")), 90, "a first checkpoint of solo", 0.2)
         os.kill(json.loads((solo_dir / ".rgt" / "pid").read_text())["wrapper_pid"], signal.SIGTERM)
-        assert _wait(lambda: _exit_doc(solo_dir), "solo to stop")["reason"] == "preempted"
+        assert wait_for(lambda: _exit_doc(solo_dir), 90, "solo to stop", 0.2)["reason"] == "preempted"
 
         # no -e: every run of the box, the newest first, and the sweep's tally
         status = rgt_in(proj, "status", "-i", "inventory", "--json")

@@ -188,16 +188,9 @@ def test_a_log_over_its_cap_keeps_its_head_and_tail_and_says_what_it_left_out(tm
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path, tmpfs):
     """A 16 MiB tmpfs (unmounted afterwards); skipped where mounting is not allowed."""
-    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    return tmpfs(tmp_path / f"disk-{uuid.uuid4().hex[:6]}", "size=16m")
 
 
 def free_bytes(path: Path) -> int:
