@@ -34,7 +34,7 @@ LAYERS: dict[str, list[str]] = {
     "engines": ["bundle", "engines", "engines.base", "engines.kubernetes", "engines.ssh", "k8s", "k8s_engine",
                 "k8s_run", "observe", "phases", "sshround"],
     "core": ["confirmation", "endings", "errors", "events", "inventory", "jobspec", "layers", "ledger", "memory",
-             "output", "paths", "profiles", "progress", "rosters", "safetext", "sweeps"],
+             "output", "paths", "profiles", "progress", "rosters", "safetext", "sweeps", "watchlock"],
     # the collection's module_utils, as they are on disk (each one is box-side code, so each one is this layer)
     "module_utils": sorted(p.stem for p in paths.MODULE_UTILS_DIR.glob("*.py") if p.stem != "__init__"),
 }
