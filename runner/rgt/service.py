@@ -242,7 +242,8 @@ def spawn(argv: list[str], ledger: Path, cwd: Path) -> tuple[str, int | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
     tmux = shutil.which("tmux")
     if tmux and not os.environ.get("RGT_SERVICE_NO_TMUX"):
-        line = f"exec {shlex.join(argv)} </dev/null >>{shlex.quote(str(log))} 2>&1"
+        # stdin stays the pane's terminal: a pane whose process holds no descriptor of it is closed (SIGHUP)
+        line = f"exec {shlex.join(argv)} >>{shlex.quote(str(log))} 2>&1"
         subprocess.run([tmux, "-L", unit_name(ledger), "new-session", "-d", "-s", "rgt-watch", line], cwd=cwd,
                        env=env, check=True, capture_output=True, timeout=30)
         return "tmux", None
@@ -548,7 +549,7 @@ def stop(args: argparse.Namespace, console: Console, ledger: Path) -> int:
         _kill(int(held["pid"]), ledger)
         said = f"stopped the watcher {watchlock.describe(held)}"
     if record and record.get("tmux_socket") and shutil.which("tmux"):
-        subprocess.run(["tmux", "-L", record["tmux_socket"], "kill-server"], capture_output=True, timeout=30)
+        _end_tmux(record["tmux_socket"])
     if record and not record.get("stopped_at"):
         atomic_write_json(ledger / watchlock.SERVICE, {**record, "stopped_at": time.time()})
     gone = _wait_free(ledger)
@@ -561,6 +562,15 @@ def stop(args: argparse.Namespace, console: Console, ledger: Path) -> int:
     out.print(said, highlight=False, markup=False)
     output.emit({"command": "service", "action": "stop", "stopped": said, "exit_code": errors.OK}, args.json)
     return errors.OK
+
+
+def _end_tmux(name: str) -> None:
+    """The watcher's own tmux server ended, and its socket file with it (a server whose last pane was killed
+    leaves it behind)."""
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=30)
+    sock = Path(os.environ.get("TMUX_TMPDIR") or "/tmp") / f"tmux-{os.getuid()}" / name
+    if subprocess.run(["tmux", "-L", name, "list-sessions"], capture_output=True, timeout=30).returncode != 0:
+        sock.unlink(missing_ok=True)
 
 
 def _kill(pid: int, ledger: Path) -> None:

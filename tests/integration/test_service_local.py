@@ -8,6 +8,7 @@ wrapper), so the watcher keeps watching until it is stopped.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,19 +115,87 @@ def test_one_watcher_per_ledger_detached_killed_and_started_again(tmp_path, rgt)
         assert got.read_text().splitlines() == ["rgt: pre run-pre preempted (attempt 1): step 1, loss 0.9, "
                                                 "auto_resume: relaunching"]
 
-        # detached again (watch --detach), then stopped
-        start = rgt("watch", "--detach", "-i", inv, "--interval", "1", "--max-ticks", "500", env=env, timeout=120)
+        # detached again (watch --detach: under tmux where it is installed), then stopped
+        start = rgt("watch", "--detach", "-i", inv, "--interval", "1", "--max-ticks", "500", timeout=120)
         assert start.rc == 0 and "watching: pid " in start.stdout, start.stderr
+        assert ("(tmux -L rgt-watch-" if shutil.which("tmux") else "(a session of its own") in start.stdout
         watcher = int(start.stdout.split("watching: pid ")[1].split()[0])
         stop = rgt("service", "stop", timeout=60)
         assert stop.rc == 0 and f"stopped the watcher pid {watcher} on " in stop.stdout, stop.stderr
         watcher = None
         assert rgt("service", "status", timeout=60).rc == 1
+        assert rgt("service", "stop", timeout=60).stdout.strip() == ("no watcher was running for this ledger: "
+                                                                      "nothing to stop")
         assert len(relaunches(rgt.ledger)) == 1 and len(got.read_text().splitlines()) == 1
     finally:
         if watcher:
             try:
                 os.killpg(watcher, signal.SIGKILL)
+            except OSError:
+                pass
+        sleeper.kill()
+        sleeper.wait()
+
+
+FAKE_SYSTEMCTL = r"""#!/usr/bin/env python3
+# systemctl --user, faked: a user manager that runs a unit's ExecStart in its WorkingDirectory, and stops it
+import json, os, shlex, signal, subprocess, sys
+from pathlib import Path
+state = Path(os.environ["FAKE_SYSTEMCTL_STATE"])
+args = sys.argv[1:]
+with open(state / "calls.jsonl", "a") as fh:
+    fh.write(json.dumps(args) + "\n")
+assert args[0] == "--user", args
+if args[1:3] == ["enable", "--now"]:
+    unit = {}
+    for line in (Path.home() / ".config/systemd/user" / args[3]).read_text().splitlines():
+        key, _, value = line.partition("=")
+        unit.setdefault(key, value)
+    proc = subprocess.Popen(shlex.split(unit["ExecStart"]), cwd=unit["WorkingDirectory"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (state / args[3]).write_text(str(proc.pid))
+elif args[1:3] == ["disable", "--now"]:
+    os.killpg(int((state / args[3]).read_text()), signal.SIGTERM)
+"""
+
+
+def test_service_install_writes_a_systemd_user_unit_and_stop_disables_it(tmp_path, rgt):
+    """Where `systemctl --user` works (here a fake user manager on PATH: this machine has no user bus), install
+    writes the unit, enables it and returns once its watcher holds the ledger; stop disables it."""
+    durable = tmp_path / "durable"
+    sleeper = subprocess.Popen(["sleep", "600"])
+    lay_out(durable, "run-live", live_pid=sleeper.pid)
+    inv = write_inventory(tmp_path / "inv", {"live": host(durable, "run-live", [])})
+    bin_dir, state = tmp_path / "bin", tmp_path / "systemd"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SYSTEMCTL_STATE": str(state)}
+    try:
+        start = rgt("service", "install", "-i", inv, "--interval", "1", "--max-ticks", "500", "--json", env=env,
+                    timeout=120)
+        assert start.rc == 0, start.stderr
+        record = start.doc["service"]
+        assert record["kind"] == "systemd" and start.doc["holder"]["mode"] == "service"
+        unit = Path(record["unit_path"]).read_text()
+        assert f"WorkingDirectory={REPO}" in unit and "Restart=on-failure" in unit
+        assert f" watch -i {inv} --interval 1 --max-ticks 500 --ledger {rgt.ledger} " in unit
+        status = rgt("service", "status", env=env, timeout=60)
+        assert status.rc == 0 and "(service)" in status.stdout and record["unit"] in status.stdout, status.stderr
+        stop = rgt("service", "stop", env=env, timeout=60)
+        assert stop.rc == 0, stop.stderr
+        assert f"stopped and disabled the systemd user unit {record['unit']}" in stop.stdout
+        assert rgt("service", "status", env=env, timeout=60).rc == 1
+        calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+        assert [c[1:3] for c in calls if c[1] != "show-environment"] == [
+            ["daemon-reload"], ["enable", "--now"], ["disable", "--now"]]
+    finally:
+        pid_file = state / "{}".format((rgt.ledger / "service.json").exists() and json.loads(
+            (rgt.ledger / "service.json").read_text()).get("unit"))
+        if pid_file.is_file():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
             except OSError:
                 pass
         sleeper.kill()
