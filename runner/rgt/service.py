@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rgt import errors, output, watchlock
-from rgt.ledger import atomic_write_json, ledger_dir, read_json
+from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
@@ -407,8 +407,7 @@ def install(args: argparse.Namespace, console: Console, ledger: Path) -> int:
     name = unit_name(ledger)
     argv = watch_argv(args, ledger, "service")
     path = UNIT_DIR.expanduser() / f"{name}.service"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json_text(path, unit_text(ledger, argv, cwd, env_file))
+    atomic_write_bytes(path, unit_text(ledger, argv, cwd, env_file).encode())
     for words in (("daemon-reload",), ("enable", "--now", f"{name}.service")):
         proc = _systemctl(*words)
         if proc.returncode != 0:
@@ -422,16 +421,6 @@ def install(args: argparse.Namespace, console: Console, ledger: Path) -> int:
         console.print(f"to start it at boot without logging in: `loginctl enable-linger {_user()}`",
                       highlight=False, markup=False)
     return _started(args, console, ledger, record)
-
-
-def atomic_write_json_text(path: Path, text: str) -> None:
-    """A text file written atomically (tmp + fsync + rename), as the ledger writes its records."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _user() -> str:
@@ -492,7 +481,16 @@ def logs(args: argparse.Namespace, console: Console, ledger: Path) -> int:
         console.print(f"no log yet: {log} (a watcher started with `watch --detach` or `service install` writes it)",
                       highlight=False, markup=False)
         return errors.FAILED
-    sys.stdout.write(_tail(log, max(args.lines, 0)) + "\n")
+    text = _tail(log, max(args.lines, 0))
+    if args.json:
+        if args.follow:
+            raise errors.InputError("service logs -f prints the log as it grows: not one JSON document",
+                                    fix="rgt-run service logs --json (the last lines), or -f without --json",
+                                    field="--follow")
+        output.emit({"command": "service", "action": "logs", "log": str(log), "text": text,
+                     "exit_code": errors.OK}, True)
+        return errors.OK
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
     if not args.follow:
         return errors.OK

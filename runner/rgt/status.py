@@ -498,6 +498,8 @@ most every 10 minutes). A preempted run whose job spec says auto_resume: true is
 checkpoint with the code it started with; failed runs and runs that need attention never are. A sweep whose queue
 on the box died before starting every cell gets its queue started again. Without -e it watches every run and sweep
 rgt launched on each box (and resumes each, by run); -e @job.yml narrows it to that job.
+One watcher per ledger: a second one exits 3 naming the one that holds it; --follow looks along without acting;
+--detach runs it in the background (`rgt-run service` installs it, shows it, stops it: docs/unattended.md).
 Exit codes: as for `rgt-run status`."""
 
 
