@@ -49,7 +49,6 @@ LOG_KEEP = 2
 KEEP_RELAUNCHES = 500
 START_WAIT_S = 30.0
 STOP_WAIT_S = 15.0
-UNIT_DIR = Path("~/.config/systemd/user")
 
 
 def service_dir(ledger: Path) -> Path:
@@ -70,16 +69,19 @@ def unit_name(ledger: Path) -> str:
 class Relaunched(set):
     """The relaunch keys (rgt.status.resume_key) every watcher of this ledger started: loaded from, and added to,
     `<ledger>/service/relaunched.json` (before the relaunch starts: a watcher killed during one never has it
-    started again by the next)."""
+    started again by the next). A key counts for the instance it was relaunched on (`instances`: host -> its
+    rgt_instance_id now): a run of the same name on a new box of that host is a run of its own."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, instances: dict[str, object] | None = None):
         super().__init__()
         self.path = path
+        self.instances = instances or {}
         doc = read_json(path) if path is not None else None
-        self.entries: list[dict] = [e for e in (doc or {}).get("relaunches") or [] if isinstance(e, dict)]
+        doc = doc if isinstance(doc, dict) else {}
+        self.entries: list[dict] = [e for e in doc.get("relaunches") or [] if isinstance(e, dict)]
         for entry in self.entries:
             key = _key(entry.get("key"))
-            if key is not None:
+            if key is not None and entry.get("instance_id") == self.instances.get(key[0]):
                 super().add(key)
 
     def add(self, key) -> None:
@@ -87,7 +89,8 @@ class Relaunched(set):
         if self.path is None:
             return
         self.entries = [*self.entries[-(KEEP_RELAUNCHES - 1):], {
-            "key": [key[0], [list(r) for r in key[1]]], "started_at": time.time(), "pid": os.getpid()}]
+            "key": [key[0], [list(r) for r in key[1]]], "instance_id": self.instances.get(key[0]),
+            "started_at": time.time(), "pid": os.getpid()}]
         atomic_write_json(self.path, {"schema": RELAUNCHED_SCHEMA, "relaunches": self.entries})
 
 
@@ -103,14 +106,15 @@ class Watching:
     """What a running `watch` holds: the lock (None under --follow), the relaunches remembered, the tick file,
     the log it rotates."""
 
-    def __init__(self, ledger: Path, lock: watchlock.WatchLock | None, log: Path | None,
+    def __init__(self, ledger: Path, lock: watchlock.WatchLock | None, log: Path | None, hosts: list = (),
                  log_cap: int = LOG_CAP_BYTES):
         self.ledger = ledger
         self.lock = lock
         self.follow = lock is None
         self.log = log
         self.log_cap = log_cap
-        self.relaunched = Relaunched(None if self.follow else service_dir(ledger) / RELAUNCHED)
+        instances = {h.name: (getattr(h, "vars", None) or {}).get("rgt_instance_id") for h in hosts}
+        self.relaunched = Relaunched(None if self.follow else service_dir(ledger) / RELAUNCHED, instances)
 
     def tick(self, ticks: int, latest: dict[str, dict], active: list[str]) -> None:
         """After each tick: the tick file (the watcher that acts) and the log's size cap."""
@@ -131,7 +135,7 @@ class Watching:
             self.lock.release()
 
 
-def start_watch(args: argparse.Namespace, ledger: Path, console: Console) -> Watching:
+def start_watch(args: argparse.Namespace, ledger: Path, console: Console, hosts: list) -> Watching:
     """At the start of `watch`: its log (a detached or service watcher's), then the ledger's watch lock (Held:
     exit 3 naming the holder); `--follow` takes no lock and acts on nothing."""
     log = Path(args.service_log) if getattr(args, "service_log", None) else None
@@ -139,7 +143,7 @@ def start_watch(args: argparse.Namespace, ledger: Path, console: Console) -> Wat
         redirect(log)
     if getattr(args, "follow", False):
         console.print("following: looking only (no relaunch, no notification, no lock)")
-        return Watching(ledger, None, log)
+        return Watching(ledger, None, log, hosts)
     mode = getattr(args, "service_mode", None) or ("detached" if log is not None else "foreground")
     try:
         lock = watchlock.acquire(ledger, mode=mode, log=str(log) if log else None)
@@ -147,7 +151,7 @@ def start_watch(args: argparse.Namespace, ledger: Path, console: Console) -> Wat
         raise errors.GateRefused(f"the ledger {ledger} is watched already by {watchlock.describe(held.holder)}",
                                  fix="`rgt-run service status` says what it does; `rgt-run watch --follow ...` "
                                      "looks along without acting; `rgt-run service stop` stops it") from None
-    watching = Watching(ledger, lock, log)
+    watching = Watching(ledger, lock, log, hosts)
     if watching.relaunched:
         console.print(f"{len(watching.relaunched)} relaunch(es) remembered from earlier watchers of this ledger: "
                       "a run is relaunched once per attempt (`rgt-run train` starts one again)",
@@ -406,7 +410,8 @@ def install(args: argparse.Namespace, console: Console, ledger: Path) -> int:
     cwd = Path.cwd()
     name = unit_name(ledger)
     argv = watch_argv(args, ledger, "service")
-    path = UNIT_DIR.expanduser() / f"{name}.service"
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    path = config / "systemd" / "user" / f"{name}.service"
     atomic_write_bytes(path, unit_text(ledger, argv, cwd, env_file).encode())
     for words in (("daemon-reload",), ("enable", "--now", f"{name}.service")):
         proc = _systemctl(*words)

@@ -344,7 +344,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         raise errors.InputError("--max-ticks must be at least 1", fix="--max-ticks 120", field="--max-ticks")
     if getattr(args, "detach", False):  # the same watch in the background (rgt.service)
         return service.detach(args, console, ledger)
-    watching = service.start_watch(args, ledger, console)  # the ledger's watch lock (--follow: none), its log
+    watching = service.start_watch(args, ledger, console, hosts)  # the ledger's watch lock (--follow: none), its log
     by_name = {h.name: h for h in hosts}
     events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
     schedule = Schedule(list(by_name), interval, _monotonic())

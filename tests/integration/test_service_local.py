@@ -148,7 +148,8 @@ with open(state / "calls.jsonl", "a") as fh:
 assert args[0] == "--user", args
 if args[1:3] == ["enable", "--now"]:
     unit = {}
-    for line in (Path.home() / ".config/systemd/user" / args[3]).read_text().splitlines():
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    for line in (config / "systemd/user" / args[3]).read_text().splitlines():
         key, _, value = line.partition("=")
         unit.setdefault(key, value)
     proc = subprocess.Popen(shlex.split(unit["ExecStart"]), cwd=unit["WorkingDirectory"], start_new_session=True,

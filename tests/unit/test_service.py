@@ -62,10 +62,12 @@ def test_the_log_is_rotated_at_its_cap_keeping_two_old_ones(tmp_path):
     assert all(Path(f"{log}.{n}").stat().st_size == 300 for n in (1, 2))
 
 
-def test_the_relaunches_remembered_survive_a_damaged_record(tmp_path):
+def test_the_relaunches_remembered_are_the_instances_and_survive_a_damaged_record(tmp_path):
     path = tmp_path / "relaunched.json"
-    remembered = service.Relaunched(path)
-    remembered.add(("box", (("run-1", 1), ("run-2", None))))
-    assert ("box", (("run-1", 1), ("run-2", None))) in service.Relaunched(path)
+    remembered = service.Relaunched(path, {"box": "pod-1"})
+    key = ("box", (("run-1", 1), ("run-2", None)))
+    remembered.add(key)
+    assert key in service.Relaunched(path, {"box": "pod-1"})
+    assert key not in service.Relaunched(path, {"box": "pod-2"})  # a new box under the host's name: its own runs
     path.write_text("{not json")
     assert len(service.Relaunched(path)) == 0
