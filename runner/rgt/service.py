@@ -248,8 +248,11 @@ def spawn(argv: list[str], ledger: Path, cwd: Path) -> tuple[str, int | None]:
     if tmux and not os.environ.get("RGT_SERVICE_NO_TMUX"):
         # stdin stays the pane's terminal: a pane whose process holds no descriptor of it is closed (SIGHUP)
         line = f"exec {shlex.join(argv)} >>{shlex.quote(str(log))} 2>&1"
-        subprocess.run([tmux, "-L", unit_name(ledger), "new-session", "-d", "-s", "rgt-watch", line], cwd=cwd,
-                       env=env, check=True, capture_output=True, timeout=30)
+        done = subprocess.run([tmux, "-L", unit_name(ledger), "new-session", "-d", "-s", "rgt-watch", line],
+                              cwd=cwd, env=env, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise errors.RgtError(f"tmux could not start the watcher: {printable(done.stderr.strip())}",
+                                  fix="RGT_SERVICE_NO_TMUX=1 rgt-run watch --detach ... (a session of its own)")
         return "tmux", None
     with open(log, "ab") as fh:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
@@ -271,10 +274,14 @@ def _started(args: argparse.Namespace, console: Console, ledger: Path, record: d
     held = None
     while time.monotonic() < end:
         held = watchlock.holder(ledger)
-        if held:
+        if held and held.get("mode") in ("detached", "service"):
             break
+        held = None
         if record.get("pid") and not _alive(record["pid"]):
             break
+        if record.get("tmux_socket") and subprocess.run(["tmux", "-L", record["tmux_socket"], "has-session"],
+                                                        capture_output=True, timeout=30).returncode != 0:
+            break  # its pane ended: the watcher exited (its log says why)
         time.sleep(0.2)
     out = output.results(args.json)
     if not held:
