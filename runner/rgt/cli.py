@@ -40,6 +40,7 @@ from rgt import (
     retry,
     runreport,
     runs,
+    service,
     status,
     teardown,
 )
@@ -153,7 +154,9 @@ def commands() -> dict[str, Command]:
     table += [
         Command("status", status.STATUS_HELP, status.STATUS_DESCRIPTION, status.run_status),
         Command("watch", status.WATCH_HELP, status.WATCH_DESCRIPTION, status.cmd_watch, ALL_SHARED,
-                status.add_watch_arguments),
+                _watch_arguments),
+        Command("service", service.HELP, service.DESCRIPTION, service.cmd_service, ALL_SHARED,
+                service.add_arguments, {"inventory": {"required": False}}),
         Command("logs", logs.HELP, logs.DESCRIPTION, logs.cmd_logs, ALL_SHARED, logs.add_arguments),
         Command("retry", retry.HELP, retry.DESCRIPTION, retry.cmd_retry, ALL_SHARED, retry.add_arguments),
         Command("pull", pull.HELP, pull.DESCRIPTION, pull.cmd_pull, ALL_SHARED, pull.add_arguments),
@@ -167,6 +170,11 @@ def commands() -> dict[str, Command]:
                 runreport.add_arguments),
     ]
     return {c.name: c for c in table}
+
+
+def _watch_arguments(p: argparse.ArgumentParser) -> None:
+    status.add_watch_arguments(p)
+    service.add_watch_arguments(p)  # --detach, --follow
 
 
 def _subparser(sub, command: Command) -> argparse.ArgumentParser:

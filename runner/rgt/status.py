@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, memory, notify, output, paths, runreport, sweeps
+from rgt import endings, errors, memory, notify, output, paths, runreport, service, sweeps
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -342,15 +342,18 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     max_ticks = args.max_ticks if args.max_ticks is not None else DEFAULT_MAX_TICKS
     if max_ticks < 1:
         raise errors.InputError("--max-ticks must be at least 1", fix="--max-ticks 120", field="--max-ticks")
+    if getattr(args, "detach", False):  # the same watch in the background (rgt.service)
+        return service.detach(args, console, ledger)
+    watching = service.start_watch(args, ledger, console, hosts)  # the ledger's watch lock (--follow: none), its log
     by_name = {h.name: h for h in hosts}
     events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
     schedule = Schedule(list(by_name), interval, _monotonic())
     latest: dict[str, dict] = {}
-    relaunched: set[tuple[str, object]] = set()
+    relaunched = watching.relaunched  # from the ledger: once per attempt across watcher restarts
     relaunches: list[dict] = []
     ticks = 0
     code = errors.OK
-    notifier = _watch_notifier(ledger, hosts, extravars, console)
+    notifier = None if watching.follow else _watch_notifier(ledger, hosts, extravars, console)
     console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
                   "(dead runs are reported, never relaunched)")
     while ticks < max_ticks and schedule.active():
@@ -375,7 +378,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             console.print(tick_line(name, doc, now, note), highlight=False, markup=False)
             for other in doc.get("other_runs") or []:
                 console.print(tick_line(f"{name}:{other.get('run_id')}", other, now), highlight=False, markup=False)
-            if resumable:
+            if resumable and not watching.follow:
                 to_resume.append(name)
                 keys[name] = key
             elif is_terminal(doc):
@@ -384,6 +387,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
         _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
         if to_resume:
+            for name in to_resume:
+                relaunched.add(keys[name])  # before the relaunch: a watcher killed during it never repeats it
             waiting = {n: due_runs(latest[n], cells_of(by_name[n])) for n in to_resume}
             console.print("[yellow]relaunching[/yellow] preempted run(s) with auto_resume on, and sweep cells whose "
                           "queue never started them: " + ", ".join(
@@ -397,7 +402,6 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                          "reason": "preempted" if any(r.get("state") == "preempted" for r in runs)
                          else "never started", "auto_resume": any(r.get("auto_resume") for r in runs),
                          "exit_code": rc}
-                relaunched.add(keys[name])
                 relaunches.append(entry)
                 append_jsonl(events, entry)
                 if rc != errors.OK:
@@ -406,6 +410,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                     schedule.due[name] = _monotonic() + min(interval, 30.0)  # see the new attempt soon
             console.print(f"relaunch exit {rc}")
         code = exit_code(latest)
+        watching.tick(ticks, latest, schedule.active())  # <ledger>/service/tick.json, the log's size cap
     out = output.results(args.json)  # the ticks were progress; where every run ended up is the result (stdout)
     for item in latest.values():
         if item.get("attention") or item.get("state") in _states.EXPLAINED:
@@ -428,6 +433,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         except Exception as exc:  # noqa: BLE001 - a notification never fails the watch
             console.print(f"notify: not flushed ({type(exc).__name__}: {exc})", highlight=False, markup=False)
     console.print(f"watch stopped after {ticks} tick(s): {reason}; exit {code}")
+    watching.close()
     output.emit({"command": "watch", "ticks": ticks, "hosts": latest, "relaunches": relaunches, "exit_code": code,
                  "summary": summary, "sweeps": tallies,
                  "stopped": "settled" if not schedule.active() else "max_ticks"}, args.json)
@@ -492,6 +498,8 @@ most every 10 minutes). A preempted run whose job spec says auto_resume: true is
 checkpoint with the code it started with; failed runs and runs that need attention never are. A sweep whose queue
 on the box died before starting every cell gets its queue started again. Without -e it watches every run and sweep
 rgt launched on each box (and resumes each, by run); -e @job.yml narrows it to that job.
+One watcher per ledger: a second one exits 3 naming the one that holds it; --follow looks along without acting;
+--detach runs it in the background (`rgt-run service` installs it, shows it, stops it: docs/unattended.md).
 Exit codes: as for `rgt-run status`."""
 
 

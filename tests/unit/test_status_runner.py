@@ -157,6 +157,33 @@ def test_failed_relaunch_settles_the_host(tmp_path, monkeypatch, capsys):
     assert len(world.polls) == 1 and doc["relaunches"][0]["exit_code"] == 1 and code == 1
 
 
+def test_a_watch_started_again_never_relaunches_an_attempt_an_earlier_one_did(tmp_path, monkeypatch, capsys):
+    """The relaunches are in the ledger (rgt.service.Relaunched): a watcher killed and started again, by hand or
+    by its service, relaunches each attempt once; a later preemption (attempt 2) is relaunched again."""
+    pre = {"state": "preempted", "attempt": 1, "auto_resume": True}
+    world = FakeWorld(monkeypatch, {"a": [pre]}, relaunch_rc=1)
+    run_watch(tmp_path, capsys)
+    code, doc = run_watch(tmp_path, capsys)
+    assert len(world.relaunched) == 1 and doc["relaunches"] == [] and code == 1
+    world.script["a"] = [{**pre, "attempt": 2}]
+    code, doc = run_watch(tmp_path, capsys)
+    assert len(world.relaunched) == 2 and doc["relaunches"][0]["attempt"] == 2
+
+
+def test_follow_looks_without_acting_and_the_watcher_that_acts_writes_its_tick(tmp_path, monkeypatch, capsys):
+    pre = {"state": "preempted", "attempt": 1, "auto_resume": True, "run_id": "r1"}
+    world = FakeWorld(monkeypatch, {"a": [pre], "b": [{"state": "running", "run_id": "r2"}]})
+    tick = Path(tmp_path) / "ledger" / "service" / "tick.json"
+    code, doc = run_watch(tmp_path, capsys, follow=True, max_ticks=2)
+    assert world.relaunched == [] and doc["relaunches"] == [] and doc["ticks"] == 2 and code == 1
+    assert not tick.exists() and not (Path(tmp_path) / "ledger" / "watch.json").exists()
+    run_watch(tmp_path, capsys, max_ticks=2)
+    written = json.loads(tick.read_text())
+    assert written["tick"] == 2 and written["waiting_on"] == ["b:r2 (running)"]
+    assert {(r["host"], r["run_id"], r["state"]) for r in written["runs"]} == {("a", "r1", "preempted"),
+                                                                               ("b", "r2", "running")}
+
+
 def test_tick_line_format():
     doc = {"state": "running", "step": 12, "loss": 0.25, "gpu": [{"util_pct": 93}],
            "mounts": [{"bytes_pct": 40, "inodes_pct": 2}, {"bytes_pct": 70, "inodes_pct": 9}],
