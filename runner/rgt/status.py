@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, memory, notify, output, paths, runreport, sweeps
+from rgt import endings, errors, memory, notify, output, paths, runreport, sweeps, unattended
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -383,6 +383,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
         _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
+        unattended.tick(args, console, ledger, hosts, latest, notifier)  # a meter stop authorised at launch
         if to_resume:
             waiting = {n: due_runs(latest[n], cells_of(by_name[n])) for n in to_resume}
             console.print("[yellow]relaunching[/yellow] preempted run(s) with auto_resume on, and sweep cells whose "
