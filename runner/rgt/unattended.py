@@ -149,6 +149,10 @@ def authorise_at_launch(args: argparse.Namespace, hosts: list, ledger: Path, con
         if iid not in ids:
             raise InputError(f"--down-confirm {iid!r} is not one of the boxes this launch is on ({', '.join(ids)})",
                              fix="--down-confirm " + " ".join(ids), field="--down-confirm")
+    interactive = sys.stdin.isatty() and not getattr(args, "json", False)
+    if not given and not interactive:
+        raise InputError("--down needs each instance id typed, and there is no terminal to ask on; nothing was "
+                         "launched", fix="--down-confirm " + " ".join(ids), field="--down-confirm")
     plans = [verb_plan(inst) for inst in instances]
     nothing = [p for p in plans if p["verb"] == "none"]
     if nothing:
@@ -176,13 +180,15 @@ def authorise_at_launch(args: argparse.Namespace, hosts: list, ledger: Path, con
             console.print(f"    [yellow]keeps billing:[/yellow] {escape(line)}")
         for line in item["clocks"]:
             console.print(f"    [red]clock after {escape(str(item['label']))}:[/red] {escape(line)}")
-    interactive = sys.stdin.isatty() and not getattr(args, "json", False)
-    confirmed, refused = teardown.confirmations(console, plans, given, interactive)
+    asked = [{**p, "verb": f"authorise the {p['label']} (after the verified pull) of"} for p in plans]
+    confirmed, refused = teardown.confirmations(console, asked, given, interactive)
+    if given and refused:
+        raise InputError(f"--down-confirm does not name the instance(s) {', '.join(sorted(refused))}: each box this "
+                         "launch is on needs its own id; nothing was launched", fix="--down-confirm " + " ".join(ids),
+                         field="--down-confirm")
     if refused:
         reason = next(iter(refused.values())).replace("nothing was called", "nothing was launched")
-        if given or not interactive:
-            raise InputError(f"--down: {reason}", fix="--down-confirm " + " ".join(ids), field="--down-confirm")
-        raise GateRefused(f"--down: {reason}", fix="launch again and type the instance id", field="--down")
+        raise GateRefused(f"--down: {reason}", fix="launch again and type each instance id", field="--down")
     return {p["instance_id"]: {**p, "expires_s": expires_s} for p in plans if p["instance_id"] in confirmed}
 
 
@@ -246,12 +252,15 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         if not auth_path(ledger, iid).exists() or _done(ledger, iid):
             continue
         names = sorted(h.name for h in mine)
-        if not _ended(latest, names):
+        # a stop on record (this watcher, or an earlier one, was stopped mid-stop; the box may be gone) is polled
+        # to its end at once; otherwise the runs on the box must all have ended first
+        on_record = _stop_on_record(ledger, iid, names)
+        if not on_record and not _ended(latest, names):
             continue
-        if iid in _tried and time.monotonic() - _tried[iid] < RETRY_S:
+        if not on_record and iid in _tried and time.monotonic() - _tried[iid] < RETRY_S:
             continue
         try:
-            _carry_out(args, console, ledger, iid, names, latest, notifier)
+            _carry_out(args, console, ledger, iid, names, notifier, on_record)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 - the meter stays running; the watch goes on and says why
@@ -259,30 +268,40 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
                                            f"{exc})"], notifier, names)
 
 
+def _stop_on_record(ledger: Path, iid: str, names: list[str]) -> bool:
+    """Does the ledger's teardown record (teardown's own, written before the call) hold a stop of this instance
+    that is in flight, or one that ended?"""
+    cloud = paths.module_util("rgt_cloud")
+    return any(cloud.record_state(read_json(ledger / "teardown" / f"{name}.json"), iid) != cloud.RECORD_NONE
+               for name in names)
+
+
 def _done(ledger: Path, iid: str) -> bool:
     receipt = read_json(receipt_path(ledger, iid))
     return isinstance(receipt, dict) and bool(receipt.get("final_state")) and receipt.get("status") == "done"
 
 
-def _carry_out(args: argparse.Namespace, console: Console, ledger: Path, iid: str, names: list[str],
-               latest: dict[str, dict], notifier) -> None:
+def _carry_out(args: argparse.Namespace, console: Console, ledger: Path, iid: str, names: list[str], notifier,
+               on_record: bool) -> None:
     doc = read_json(auth_path(ledger, iid))
     why = problem(doc, iid)
-    if why:
+    if why and not on_record:  # a stop already called is polled whatever: polling stops nothing new
         _refuse(console, ledger, iid, [why], notifier, names)
         return
     root = runs_dir(getattr(args, "runs_dir", None))
     base = {"inventory": args.inventory, "extra_vars": args.extra_vars, "ledger": args.ledger,
             "verbose": getattr(args, "verbose", 0), "json": False, "runs_dir": str(root)}
-    # the watcher pulls first, every time, with `rgt-run pull`'s own function: a run not pulled yet is pulled, one
-    # pulled before is verified again against the bytes on the box now (a byte changed there fails it, and a failed
-    # pull leaves no PULL_VERIFIED marker, so the gate below refuses too)
-    console.print(f"[bold]rgt[/bold] authorised stop of {escape(iid)}: its runs ended; pulling and verifying first")
-    code = pull.cmd_pull(argparse.Namespace(**base, limit=",".join(names), verify_only=False), console)
-    if code != errors.OK:
-        _refuse(console, ledger, iid, [f"the pull before the stop did not verify (exit {code}): see above"],
-                notifier, names)
-        return
+    if not on_record:
+        # the watcher pulls first, every time, with `rgt-run pull`'s own function: a run not pulled yet is pulled,
+        # one pulled before is verified again against the bytes on the box now (a byte changed there fails it, and
+        # a failed pull leaves no PULL_VERIFIED marker, so the gate below refuses too)
+        console.print(f"[bold]rgt[/bold] authorised stop of {escape(iid)}: its runs ended; pulling and verifying "
+                      "first")
+        code = pull.cmd_pull(argparse.Namespace(**base, limit=",".join(names), verify_only=False), console)
+        if code != errors.OK:
+            _refuse(console, ledger, iid, [f"the pull before the stop did not verify (exit {code}): see above"],
+                    notifier, names)
+            return
     ns = argparse.Namespace(**base, playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), limit=",".join(names),
                             confirm=[])
     _playbook, hosts, extravars = prepare(ns, pins=True)

