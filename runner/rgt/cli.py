@@ -43,6 +43,7 @@ from rgt import (
     service,
     status,
     teardown,
+    unattended,
 )
 from rgt.errors import InputError, RgtError
 from rgt.prepare import playbook_names, unknown_command
@@ -82,11 +83,14 @@ def _shared(names: tuple[str, ...], **overrides: dict) -> argparse.ArgumentParse
     return parent
 
 
-def _playbook_options(check_help: str) -> Callable[[argparse.ArgumentParser], None]:
+def _playbook_options(check_help: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+                      ) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         p.add_argument("-t", "--tags", metavar="TAGS", help="run only these steps (comma-separated tags)")
         p.add_argument("--skip-tags", metavar="TAGS", help="skip these steps (comma-separated tags)")
         p.add_argument("-C", "--check", action="store_true", help=check_help)
+        if more:
+            more(p)
     return add
 
 
@@ -149,7 +153,8 @@ def commands() -> dict[str, Command]:
     ]
     for name, (one_line, description, overrides) in PLAYBOOK_COMMANDS.items():
         check = PLAN_HELP if name == "train" else CHECK_MODE_HELP
-        table.append(Command(name, one_line, description, play.cmd_playbook, ALL_SHARED, _playbook_options(check),
+        options = _playbook_options(check, unattended.add_down_arguments if name == "train" else None)
+        table.append(Command(name, one_line, description, play.cmd_playbook, ALL_SHARED, options,
                              overrides, PLAYBOOK_EPILOG.format(name=name), playbook=True))
     table += [
         Command("status", status.STATUS_HELP, status.STATUS_DESCRIPTION, status.run_status),

@@ -417,6 +417,21 @@ class Notifier:
                 events.append(("unreachable", f"unreachable:{key}", detail, threshold, view))
         return events
 
+    def announce(self, host: str, event_id: str, kind: str, text: str) -> None:
+        """Queue one message of the runner's own (rgt.unattended: an authorised meter stop refused) for every rule
+        of `host`, whatever its `on`; sent with the next deliveries."""
+        rules = self.rules.get(host)
+        if not rules:
+            return
+        now = self.clock()
+        state = self._load(host)
+        state["events"].append({
+            "id": printable(event_id), "kind": kind, "created_at": now, "text": printable(text), "summary": "",
+            "fields": {"host": printable(host)},
+            "deliveries": {rule_key(r): {"ok": False, "tries": 0, "next_at": now, "error": None, "gave_up": False}
+                           for r in rules}})
+        self._save(host, state)
+
     def deliver(self, budget_s: float | None = None) -> None:
         """Try every due delivery once, within the time budget (every try bounded by what is left of it); later
         ones wait for the next tick."""

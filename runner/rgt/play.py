@@ -13,7 +13,7 @@ import argparse
 
 from rich.console import Console
 
-from rgt import engines, output, paths, plan, report
+from rgt import engines, output, paths, plan, report, unattended
 from rgt.ledger import ledger_dir
 from rgt.prepare import prepare
 
@@ -29,6 +29,7 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     groups = engines.split(hosts) or [(engines.DEFAULT, [])]
     planned = [engine.plan(playbook.stem, mine) for engine, mine in groups]
     ledger = ledger_dir(args.ledger)
+    down = unattended.authorise_at_launch(args, hosts, ledger, console) if playbook.stem == "train" else None
     if not smoke_only:
         report.first_contact(console, ledger, hosts)
     console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "
@@ -42,5 +43,6 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     for other in results[:-1]:
         result.hosts.update(other.hosts)
     doc = report.summarize(console, result, hosts, ledger, args.inventory)
+    unattended.record_launch(ledger, hosts, down, doc["exit_code"], console)  # train --down: kept after a launch
     output.emit(doc, args.json)
     return doc["exit_code"]

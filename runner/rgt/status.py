@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, memory, notify, output, paths, runreport, service, sweeps
+from rgt import endings, errors, memory, notify, output, paths, runreport, service, sweeps, unattended
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -386,6 +386,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
         _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
+        if not watching.follow:  # a meter stop authorised at launch (--follow acts on nothing)
+            unattended.tick(args, console, ledger, hosts, latest, notifier)
         if to_resume:
             for name in to_resume:
                 relaunched.add(keys[name])  # before the relaunch: a watcher killed during it never repeats it
