@@ -10,7 +10,7 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import engines, errors, memory, output, paths
+from rgt import budget, engines, errors, memory, output, paths
 from rgt.errors import InputError
 from rgt.ledger import ledger_dir
 from rgt.phases import run_playbook
@@ -93,6 +93,8 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
         evars = {**extravars, "launch_detached_use_new_code": False, "launch_detached_relaunch_failed": True,
                  "launch_detached_relaunch": False}
     ledger = ledger_dir(args.ledger)
+    job = extravars.get("rgt_job") if isinstance(extravars.get("rgt_job"), dict) else host.vars.get("rgt_job")
+    budget.check_retry(ledger, host.name, args.cell, job, sweep)  # stopped at its budget and not raised: exit 3
     console.print(f"[bold]rgt retry[/bold] {escape(args.cell)} on {escape(host.name)}"
                   + (f" (sweep {escape(sweep)})" if sweep else ""))
     result = run_playbook(playbook, args.inventory, [host], ledger=ledger, console=console, extravars=evars,
