@@ -72,7 +72,7 @@ RUN_STATES = (
              "with the budget marker) and it stopped. Only `rgt-run retry` with a higher budget_usd starts it "
              "again (from its newest checkpoint); train and watch never do",
              "the box (rgt_reconcile: the wrapper's end reason budget_stopped); watch's stop (rgt.budget)",
-             "yellow", "warning", "preempted", "budget_stopped"),
+             "yellow", "warning", "failed", "budget_stopped"),
     RunState("dead",
              "the wrapper vanished without an exit record under the same boot (SIGKILL, the OOM killer took the "
              "wrapper); under Slurm CANCELLED, or ended without an exit record and exit 0. `rgt-run train` resumes "
@@ -151,7 +151,8 @@ SETTLED = _group("settled", ("finished", "failed", "dead"),
 EXPLAINED = _group("explained", ("failed", "dead", "error"),
                    "the one-glance line and watch's end say why (its exit code, its log's last error: "
                    "rgt.runreport.failure_bits)")
-GLANCE = _group("glance", ("running", "stalled", "preempted", "failed", "dead", "not_started", "error", "unreachable"),
+GLANCE = _group("glance", ("running", "stalled", "preempted", "budget_stopped", "failed", "dead", "not_started",
+                          "error", "unreachable"),
                 "counted by the one-glance line after `n/N finished`, in this order (rgt.runreport.glance)")
 NOTIFY_STATES = _group("notify", ("running", "stalled", "finished", "failed", "preempted", "budget_stopped", "dead",
                                   "not_started"),
@@ -314,7 +315,8 @@ CELL_STATES_TABLE = (  # in the order the tally line counts them
     CellState("finished", "its run finished (`n/N finished`; the sweep is done when every cell is)", False, False),
     CellState("running", "its run is running or stalled", False, False),
     CellState("queued", "its run waits for a slot or for the scheduler", False, False),
-    CellState("failed", "its run failed, timed out, ran out of memory, or its host gave no document (error)",
+    CellState("failed", "its run failed, timed out, ran out of memory, was stopped at its budget, or its host gave "
+              "no document (error): `rgt-run retry` starts it again",
               named=True, bad=True),
     CellState("preempted", "its run was preempted or died: train resumes it", False, False),
     CellState("missing", "seen nowhere on its host, or never started (exit 1)", named=True, bad=True),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rgt import errors, paths, runreport, sshround
+from rgt import engines, errors, paths, runreport, sshround
 from rgt.ledger import atomic_write_json, read_json, runs_dir
 from rgt.runs import pull_state
 from rgt.safetext import printable
@@ -214,8 +214,9 @@ class Watcher:
         name = doc.get("host")
         host = self.hosts.get(name)
         label = printable(f"{name}:{doc.get('run_id')}")
-        if host is None or not sshround.can_round(self.args.inventory, host, self.extravars):
-            self.console.print(f"budget: cannot stop {label} from here (no SSH round to it): stop it by hand",
+        if (host is None or not engines.engine_of(host.profile).over_ssh
+                or not sshround.can_round(self.args.inventory, host, self.extravars)):
+            self.console.print(f"budget: cannot stop {label} from here (no SSH round to its box): stop it by hand",
                                highlight=False, markup=False)
             return False
         params = sshround.status_params(host)
