@@ -202,15 +202,18 @@ class Watcher:
             for doc in entry["runs"]:
                 if doc.get("state") in _states.ACTIVE:
                     stop_key = f"{doc.get('host')}:{doc.get('run_id')}:{doc.get('attempt')}"
-                    if stop_key not in record["stops"] and self._stop(doc, entry):
-                        record["stops"][stop_key] = now
-                        record["stopped"] = True
+                    if stop_key not in record["stops"]:
+                        sent = self._stop(doc, entry)
+                        if sent is not False:  # asked, or cannot be from here (said once)
+                            record["stops"][stop_key] = now
+                            record["stopped"] = record["stopped"] or bool(sent)
         if any(d.get("state") == "budget_stopped" for d in entry["runs"]):
             record["stopped"] = True
         return True
 
-    def _stop(self, doc: dict, entry: dict) -> bool:
-        """The budget marker and RGT_PREEMPT_FILE on the run's box (the status round's op budget_stop)."""
+    def _stop(self, doc: dict, entry: dict) -> bool | None:
+        """The budget marker and RGT_PREEMPT_FILE on the run's box (the status round's op budget_stop): True
+        asked, False not this time (tried again next tick), None cannot be from here (no SSH round to its box)."""
         name = doc.get("host")
         host = self.hosts.get(name)
         label = printable(f"{name}:{doc.get('run_id')}")
@@ -218,7 +221,7 @@ class Watcher:
                 or not sshround.can_round(self.args.inventory, host, self.extravars)):
             self.console.print(f"budget: cannot stop {label} from here (no SSH round to its box): stop it by hand",
                                highlight=False, markup=False)
-            return False
+            return None
         params = sshround.status_params(host)
         marker = {"reason": "budget", "run_id": doc.get("run_id"), "attempt": doc.get("attempt"),
                   "spent_usd": entry["spent_usd"], "budget_usd": entry["budget_usd"], "scope": entry["scope"],

@@ -123,3 +123,11 @@ def test_a_box_with_a_live_or_unverified_run_is_no_idle_meter(tmp_path, monkeypa
     w.tick({"box": run(state="finished", limit=None)})  # not pulled
     w.tick({"box": run(state="running", limit=None)})
     assert notes.sent == [] and "idle meter" not in out.getvalue()
+
+
+def test_a_run_over_budget_that_cannot_be_stopped_from_here_is_said_once(tmp_path):
+    w, out = watcher(tmp_path, hosts=())  # its host is no host of this watch: no SSH round to it
+    w.tick({"box": run(elapsed=41.0)})
+    w.tick({"box": run(elapsed=42.0)})
+    assert out.getvalue().count("cannot stop box:r1 from here") == 1
+    assert out.getvalue().count("budget 100%") == 1
