@@ -222,13 +222,17 @@ def missing_exit(paths, records, end):
 
 def not_started(paths, state, end, relaunch, relaunch_failed):
     """The result of a run that is not live and is not started now, or None when it may start (the one rule of
-    docs/job-spec.md "How a run ends", rgt_runlayout.may_start): finished; failed or killed without
+    docs/job-spec.md "How a run ends", rgt_runlayout.may_start): finished; failed, killed or budget_stopped without
     relaunch_failed; preempted or dead with relaunch off."""
     run_id = paths.run_id
     if state == "finished":
         return dict(state="finished", msg="run %s finished (attempt %s): pass a new rgt_job.run_id to start "
                     "another run" % (run_id, end.get("attempt")))
     shown = shown_state(state)
+    if state == "budget_stopped" and not relaunch_failed:
+        return dict(state=shown, msg="run %s was stopped at its budget (attempt %s): not relaunched; `rgt-run retry "
+                    "-i INVENTORY %s` with a higher rgt_job.budget_usd resumes it from its newest checkpoint"
+                    % (run_id, end.get("attempt"), run_id))
     if state in rgt_states.FAILED_ENDS and not relaunch_failed:
         return dict(state=shown, msg="run %s %s (attempt %s, %s): not relaunched; read %s, then `rgt-run retry "
                     "-i INVENTORY %s` runs it once more from its newest checkpoint (or start a new "

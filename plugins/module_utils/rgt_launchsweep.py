@@ -163,7 +163,7 @@ def lay_out(module, sweep, to_write, code_dir, omp, python, secrets_file, result
             doc["data_dir"] = data_dir
         rl.atomic_write_json(paths.job, doc, 0o600)
         rl.atomic_write_json(os.path.join(paths.meta, "sweep.json"), {"sweep": sweep.name, "sweep_dir": sweep.dir})
-        if state in rgt_states.FAILED_ENDS:
+        if state in rgt_states.RETRY_ENDS:
             rl.atomic_write_json(os.path.join(paths.meta, "retry.json"),
                                  {"after_attempt": attempt, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 

@@ -548,8 +548,8 @@ def _reconcile(facts):
                                             "are missing under out/: " + ", ".join(missing), paths=missing))
             else:
                 doc["state"] = "finished"
-        elif reason == "preempted":
-            doc["state"] = "preempted"
+        elif reason in ("preempted", "budget_stopped"):
+            doc["state"] = reason
         else:  # failed, killed, or a reason this version does not know
             doc["state"] = "failed"
             if reason not in rgt_states.FAILED_ENDS:

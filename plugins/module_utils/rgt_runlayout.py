@@ -236,6 +236,7 @@ class RunPaths(object):
         self.exit = os.path.join(self.meta, "exit.json")
         self.gpu = os.path.join(self.meta, "gpu.csv")
         self.preempt = os.path.join(self.meta, "PREEMPT")
+        self.budget_stop = os.path.join(self.meta, "BUDGET_STOP")  # beside PREEMPT: the stop is the budget's
         self.uploads = os.path.join(self.meta, "uploads.jsonl")
         self.export_dir = os.path.join(self.project_dir, "export")
         self.partial_dir = os.path.join(self.export_dir, ".partial")
@@ -438,8 +439,8 @@ def take_lock(lock_path, retry_s=LOCK_RETRY_S):
 
 
 def last_state(records, exit_doc):
-    """How a run that is not live ended: never | finished | failed | preempted | killed | dead. `records` are
-    attempts.jsonl's lines, `exit_doc` is exit.json.
+    """How a run that is not live ended: never | finished | failed | preempted | budget_stopped | killed | dead.
+    `records` are attempts.jsonl's lines, `exit_doc` is exit.json.
 
     The last attempt's exit record decides; when exit.json is missing or older than the last attempt (a wrapper
     that could not write it: a full disk), that attempt's end line in attempts.jsonl decides instead (the wrapper
@@ -455,13 +456,27 @@ def last_state(records, exit_doc):
 # sweep cell: a run that never ran, was preempted or died (its wrapper vanished) starts again with `rgt-run train`
 # (a preempted one also with `rgt-run watch` when the job says auto_resume); a failed or killed one (what status
 # shows as failed) only with `rgt-run retry`; a finished one never. The groups are rgt_states'.
+def request_budget_stop(paths, marker):
+    """Ask the run's job to checkpoint and stop because its budget is spent: the budget marker (`marker`, JSON,
+    atomic) first, then RGT_PREEMPT_FILE (the job polls it; the wrapper ends the attempt `budget_stopped` when
+    both are there: rgt_wrapper.classify). Returns False when the run has no job.json (nothing to stop)."""
+    if not os.path.isfile(paths.job):
+        return False
+    atomic_write_json(paths.budget_stop, marker)
+    with open(paths.preempt, "a") as handle:
+        handle.write("budget %s\n" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
 def may_start(state, retry=False):
     """Whether a run that is not live, in `state` (last_state's word), starts now: never ran, preempted or dead
-    always (rgt_states.STARTABLE); failed or killed only on a retry, the user's word (rgt_states.FAILED_ENDS);
-    finished never."""
+    always (rgt_states.STARTABLE); failed, killed or budget_stopped only on a retry, the user's word
+    (rgt_states.RETRY_ENDS); finished never."""
     if state in rgt_states.STARTABLE:
         return True
-    return bool(retry) and state in rgt_states.FAILED_ENDS
+    return bool(retry) and state in rgt_states.RETRY_ENDS
 
 
 def is_complete_checkpoint(name):
@@ -539,6 +554,7 @@ def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hoo
         "metrics": job.get("metrics"),
         "expected_duration_s": job.get("expected_duration_s"),
         "price_per_hour": job.get("price_per_hour"),
+        "budget_usd": job.get("budget_usd"),  # watch's budget (rgt.budget); a retry writes the raised one
         "heartbeat_interval_s": job.get("heartbeat_interval_s") or 5,
         "gpu_sample_interval_s": job.get("gpu_sample_interval_s") or 30,
         "stall_after_s": job.get("stall_after_s") or 600,

@@ -67,6 +67,12 @@ RUN_STATES = (
              "`rgt-run train` resumes it, `watch` too when the job says auto_resume",
              "the box (rgt_reconcile, with_slurm); Kubernetes (rgt.k8s_engine.job_state); the launch's result",
              "yellow", "warning", "preempted", "preempted"),
+    RunState("budget_stopped",
+             "the run's spend reached rgt_job.budget_usd: watch asked it to checkpoint and stop (RGT_PREEMPT_FILE "
+             "with the budget marker) and it stopped. Only `rgt-run retry` with a higher budget_usd starts it "
+             "again (from its newest checkpoint); train and watch never do",
+             "the box (rgt_reconcile: the wrapper's end reason budget_stopped); watch's stop (rgt.budget)",
+             "yellow", "warning", "failed", "budget_stopped"),
     RunState("dead",
              "the wrapper vanished without an exit record under the same boot (SIGKILL, the OOM killer took the "
              "wrapper); under Slurm CANCELLED, or ended without an exit record and exit 0. `rgt-run train` resumes "
@@ -107,8 +113,8 @@ RUN_STATES = (
 STATE = dict((s.name, s) for s in RUN_STATES)
 STATES = tuple(s.name for s in RUN_STATES)
 # what the box (or the cluster) says of a run: rgt_reconcile's states, Slurm's and Kubernetes' mapped ones
-BOX_STATES = ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started", "queued", "timeout",
-              "oom")
+BOX_STATES = ("running", "stalled", "finished", "failed", "preempted", "budget_stopped", "dead", "not_started",
+              "queued", "timeout", "oom")
 RUNNER_STATES = ("unreachable", "error")  # the runner's own words for a host it got no document from
 
 # the map of every run state to a sweep cell's word (rgt.sweeps.tally), and to the teardown gate's (rgt.k8s_run)
@@ -128,10 +134,12 @@ def _group(name, members, means):
     return tuple(members)
 
 
-TERMINAL = _group("terminal", ("finished", "failed", "preempted", "dead", "not_started", "timeout", "oom", "error"),
+TERMINAL = _group("terminal", ("finished", "failed", "preempted", "budget_stopped", "dead", "not_started", "timeout",
+                               "oom", "error"),
                   "ended: nothing more happens without someone starting it again; watch stops looking at it (a "
                   "preempted run it resumes first, when the job says auto_resume: rgt.status.is_terminal)")
-FAILED = _group("failed", ("failed", "preempted", "dead", "not_started", "timeout", "oom", "error"),
+FAILED = _group("failed", ("failed", "preempted", "budget_stopped", "dead", "not_started", "timeout", "oom",
+                           "error"),
                 "ended without finishing: status and watch exit 1 (rgt.status.exit_code)")
 LIVE = _group("live", ("running", "stalled", "queued"),
               "not ended: it runs or will run (lifecycle goes on to watch, not pull; a retry that left it so worked)")
@@ -143,12 +151,14 @@ SETTLED = _group("settled", ("finished", "failed", "dead"),
 EXPLAINED = _group("explained", ("failed", "dead", "error"),
                    "the one-glance line and watch's end say why (its exit code, its log's last error: "
                    "rgt.runreport.failure_bits)")
-GLANCE = _group("glance", ("running", "stalled", "preempted", "failed", "dead", "not_started", "error", "unreachable"),
+GLANCE = _group("glance", ("running", "stalled", "preempted", "budget_stopped", "failed", "dead", "not_started",
+                          "error", "unreachable"),
                 "counted by the one-glance line after `n/N finished`, in this order (rgt.runreport.glance)")
-NOTIFY_STATES = _group("notify", ("running", "stalled", "finished", "failed", "preempted", "dead", "not_started"),
+NOTIFY_STATES = _group("notify", ("running", "stalled", "finished", "failed", "preempted", "budget_stopped", "dead",
+                                  "not_started"),
                        "a notify rule may ask for it in `on` (rgt.notify; the job schema's enum is filled in "
                        "from it)")
-NOTIFY_DEFAULT = _group("notify_default", ("finished", "failed", "preempted", "dead"),
+NOTIFY_DEFAULT = _group("notify_default", ("finished", "failed", "preempted", "budget_stopped", "dead"),
                         "sent by a notify rule that names no `on` (with attention)")
 SWEEP_SHARE_ENDS = _group("share_ends", ("failed", "preempted", "dead"),
                           "a host's share of a sweep that settled unfinished reads as the first of these its cells "
@@ -177,6 +187,8 @@ END_REASONS_TABLE = (
     EndReason("preempted", "a stop reached the attempt, whatever the job's exit status then: a stop signal (SIGTERM, "
               "SIGINT, SIGHUP) to the wrapper or to the job alone, or RGT_PREEMPT_FILE", WRAPPER, "preempted",
               "#f9a825"),
+    EndReason("budget_stopped", "RGT_PREEMPT_FILE reached the attempt with the budget marker beside it (watch "
+              "stopped the run at 100% of rgt_job.budget_usd: rgt.budget)", WRAPPER, "budget_stopped", "#ef6c00"),
     EndReason("killed", "the job died of a signal that is no stop signal: SIGKILL (the OOM killer, kill -9), "
               "SIGSEGV, SIGABRT, ...", WRAPPER, "failed", "#c62828"),
     EndReason("dead", "the attempt vanished without an end record (the box rebooted, the wrapper was SIGKILLed)",
@@ -187,7 +199,7 @@ END_REASONS_TABLE = (
 )
 REASON = dict((r.name, r) for r in END_REASONS_TABLE)
 NEVER = "never"
-EXIT_REASONS = ("finished", "failed", "preempted", "killed")  # what exit.json may say
+EXIT_REASONS = ("finished", "failed", "preempted", "budget_stopped", "killed")  # what exit.json may say
 END_REASONS = EXIT_REASONS + ("dead",)  # what an attempt's end line may say
 LAST_STATES = (NEVER,) + END_REASONS  # rgt_runlayout.last_state: how a run that is not live ended
 SHOWN = dict((r.name, r.shown) for r in END_REASONS_TABLE)  # the run state status shows for each
@@ -208,16 +220,19 @@ RESUMED_ENDS = _reasons("resumed", ("preempted", "dead"),
                         "preempted one with auto_resume (rgt_runlayout.may_start)")
 FAILED_ENDS = _reasons("failed", ("failed", "killed"),
                        "status shows `failed`; only `rgt-run retry` starts it again (rgt_runlayout.may_start)")
+RETRY_ENDS = _reasons("retry_only", FAILED_ENDS + ("budget_stopped",),
+                      "only `rgt-run retry` starts it again (rgt_runlayout.may_start); a budget_stopped run only "
+                      "with a budget_usd above what it spent (rgt.budget.check_retry)")
 STARTABLE = _reasons("startable", (NEVER,) + RESUMED_ENDS,
                      "a run that is not live and ended so starts again without a retry (rgt_runlayout.may_start, "
                      "the sweep queue)")
 SELF_ENDS = _reasons("self_ends", ("finished",) + FAILED_ENDS,
                      "the job ended on its own, no stop reached it: its exit record decides the state whatever the "
                      "scheduler says (rgt_reconcile.with_slurm)")
-BILLED_AFTER_END = _reasons("billed_after_end", ("finished", "failed", "dead", "killed"),
+BILLED_AFTER_END = _reasons("billed_after_end", ("finished", "failed", "budget_stopped", "dead", "killed"),
                             "the last attempt ended so and the box kept billing until its teardown (a preempted "
                             "box went away: rgt.runreport)")
-LOST_REASONS = _reasons("lost", ("preempted", "killed", "dead", "failed"),
+LOST_REASONS = _reasons("lost", ("preempted", "budget_stopped", "killed", "dead", "failed"),
                         "an attempt that ended so and was followed by another lost the steps after its newest "
                         "checkpoint: they were computed again (rgt.runreport's compute lost)")
 SIGNAL_ENDS = _reasons("signal_ends", ("preempted", "killed"),
@@ -235,7 +250,7 @@ def _shown(words):
 # the run states of those ends, as status shows them
 RESUMED = _group("resumed", _shown(RESUMED_ENDS),
                  "`rgt-run train` starts it again (on Kubernetes: its ended Job is replaced: rgt.k8s_run)")
-RESTARTABLE = _group("restartable", _shown(STARTABLE + FAILED_ENDS),
+RESTARTABLE = _group("restartable", _shown(STARTABLE + RETRY_ENDS),
                  "a sweep cell in one of these that its sweep's live queue will start is shown queued "
                  "(rgt_reconcile.with_queue)")
 SIGNAL_SHOWN = _group("signal_shown", _shown(SIGNAL_ENDS),
@@ -246,9 +261,12 @@ SIGNAL_SHOWN = _group("signal_shown", _shown(SIGNAL_ENDS),
 # ---------------------------------------------------------------- notify's events
 
 ATTENTION = "attention"  # a notify event that is no state: a new attention id on a run
-NOTIFY_EVENTS = NOTIFY_STATES + (ATTENTION,)  # the words of a notify rule's `on` (the job schema's enum)
-DEFAULT_ON = NOTIFY_DEFAULT + (ATTENTION,)  # a rule that names no `on`
-NOTIFY_COLORS = dict([(s.name, s.notify_color) for s in RUN_STATES] + [(ATTENTION, "danger")])
+BUDGET = "budget"  # a run (or sweep) reached 50, 80 or 100% of rgt_job.budget_usd (rgt.budget)
+IDLE_METER = "idle_meter"  # a box with no live run, everything pulled and verified, still billing (rgt.budget)
+NOTIFY_EVENTS = NOTIFY_STATES + (ATTENTION, BUDGET, IDLE_METER)  # the words of a notify rule's `on` (job schema)
+DEFAULT_ON = NOTIFY_DEFAULT + (ATTENTION, BUDGET, IDLE_METER)  # a rule that names no `on`
+NOTIFY_COLORS = dict([(s.name, s.notify_color) for s in RUN_STATES]
+                     + [(ATTENTION, "danger"), (BUDGET, "warning"), (IDLE_METER, "warning")])
 
 
 # ---------------------------------------------------------------- gate states
@@ -272,6 +290,7 @@ GATE_STATES_TABLE = (
               "unless_pulled"),
     GateState("failed", "its last attempt failed", BOX_RUNS + "; rgt.k8s_run", "exported"),
     GateState("preempted", "its last attempt was stopped", BOX_RUNS + "; rgt.k8s_run", "exported"),
+    GateState("budget_stopped", "its last attempt was stopped at its budget", BOX_RUNS, "exported"),
     GateState("killed", "its last attempt was killed by a signal that is no stop signal", BOX_RUNS, "exported"),
     GateState("dead", "its last attempt vanished without an end record", BOX_RUNS, "exported"),
     GateState("never", "it never started", BOX_RUNS + "; rgt.k8s_run (not_started)", "exported"),
@@ -296,7 +315,8 @@ CELL_STATES_TABLE = (  # in the order the tally line counts them
     CellState("finished", "its run finished (`n/N finished`; the sweep is done when every cell is)", False, False),
     CellState("running", "its run is running or stalled", False, False),
     CellState("queued", "its run waits for a slot or for the scheduler", False, False),
-    CellState("failed", "its run failed, timed out, ran out of memory, or its host gave no document (error)",
+    CellState("failed", "its run failed, timed out, ran out of memory, was stopped at its budget, or its host gave "
+              "no document (error): `rgt-run retry` starts it again",
               named=True, bad=True),
     CellState("preempted", "its run was preempted or died: train resumes it", False, False),
     CellState("missing", "seen nowhere on its host, or never started (exit 1)", named=True, bad=True),

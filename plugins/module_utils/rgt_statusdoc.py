@@ -193,6 +193,7 @@ def collect(params):
     doc["run_dir"] = paths.run_dir
     doc["gpu_source"] = gpu_source
     doc["price_per_hour"] = (job or {}).get("price_per_hour")
+    doc["budget_usd"] = (job or {}).get("budget_usd")
     doc["collected_at"] = now
     if params.get("history_kb"):
         doc["history"] = collect_history(paths, job, attempts, params["history_kb"] * 1024)

@@ -7,6 +7,8 @@ of JSON arguments on stdin (never in argv).
 
 - ``op: status`` (the default): ``{"status": <rgt_statusdoc.status_document>}``, the monitor module's document.
 - ``op: roster``: ``{"roster": <rgt_sweep.box_roster>}``, this box's roster of a sweep.
+- ``op: budget_stop``: ``{"stopped": bool}``: rgt_runlayout.request_budget_stop for one run (rgt.budget: the
+  one write of the round, its budget marker and RGT_PREEMPT_FILE).
 - ``op: log``: rgt_logread.stream: a header line, then the log's bytes (``rgt-run logs``).
 
 A ValueError from the arguments is ``{"failed": true, "msg": ...}`` and exit 1. Python 3.6+, stdlib only.
@@ -19,7 +21,7 @@ __metaclass__ = type
 import json
 import sys
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_statusdoc, rgt_sweep
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_runlayout, rgt_statusdoc, rgt_sweep
 
 
 def main():
@@ -32,6 +34,10 @@ def main():
             return 0
         if op == "roster":
             doc = {"roster": rgt_sweep.box_roster(params)}
+        elif op == "budget_stop":
+            paths = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
+                                           params["run_id"])  # ValueError: a bad name
+            doc = {"stopped": rgt_runlayout.request_budget_stop(paths, params.get("marker") or {})}
         else:
             doc = {"status": rgt_statusdoc.status_document(params)}
     except ValueError as exc:

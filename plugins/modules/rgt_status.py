@@ -108,6 +108,7 @@ status:
     expected_duration_s: {type: float, description: From the job spec.}
     cost_so_far: {type: float, description: price_per_hour x wall hours, or null.}
     price_per_hour: {type: float, description: From the job spec, or null.}
+    budget_usd: {type: float, description: "From the job spec (rgt_job.budget_usd), or null: watch stops it there."}
     auto_resume: {type: bool, description: From the job spec.}
     attention: {type: list, elements: dict, description: "[{id, message, ...}]: each makes the runner exit 5."}
     warnings: {type: list, elements: str, description: What could not be read or looks wrong.}

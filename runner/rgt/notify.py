@@ -357,16 +357,31 @@ class Notifier:
                 continue
             state = self._load(host)
             for kind, event_id, detail, threshold, view in self._transitions(doc, state, now, rules):
-                targets = [rule_key(r) for r in rules if wants(r, kind, threshold)]
-                if not targets:
-                    continue
-                state["events"].append({
-                    "id": printable(event_id), "kind": kind, "created_at": now,
-                    "text": _text(kind, view, detail, summary), "summary": printable(summary),
-                    "fields": _fields(view),
-                    "deliveries": {k: {"ok": False, "tries": 0, "next_at": now, "error": None, "gave_up": False}
-                                   for k in targets}})
+                self._append(state, rules, now, kind, event_id, detail, threshold, view, summary)
             self._save(host, state)
+
+    def queue(self, host: str, kind: str, event_id: str, view: dict, detail: str, summary: str = "") -> None:
+        """One event that is no state transition (rgt.budget: a budget threshold, an idle meter) for the rules of
+        `host` that want `kind`; the caller keeps it to once (its own ledger state)."""
+        rules = self.rules.get(host)
+        if not rules:
+            return
+        state = self._load(host)
+        self._append(state, rules, self.clock(), kind, event_id, detail, None, view, summary)
+        self._save(host, state)
+
+    @staticmethod
+    def _append(state: dict, rules: list[dict], now: float, kind: str, event_id: str, detail: str,
+                threshold: float | None, view: dict, summary: str) -> None:
+        targets = [rule_key(r) for r in rules if wants(r, kind, threshold)]
+        if not targets:
+            return
+        state["events"].append({
+            "id": printable(event_id), "kind": kind, "created_at": now,
+            "text": _text(kind, view, detail, summary), "summary": printable(summary),
+            "fields": _fields(view),
+            "deliveries": {k: {"ok": False, "tries": 0, "next_at": now, "error": None, "gave_up": False}
+                           for k in targets}})
 
     def _transitions(self, doc: dict, state: dict, now: float, rules: list[dict]) -> list[tuple]:
         if doc.get("state") == "unreachable":

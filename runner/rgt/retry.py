@@ -10,7 +10,7 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import engines, errors, memory, output, paths
+from rgt import budget, engines, errors, memory, output, paths
 from rgt.errors import InputError
 from rgt.ledger import ledger_dir
 from rgt.phases import run_playbook
@@ -25,9 +25,10 @@ is never run again on its own, by `train` or `watch`: this command is your word 
 run belongs to (a sweep cell from the sweep's roster in the ledger, a single run from the runs the ledger remembers,
 or from -e @job.yml) and starts it once more there, from its newest checkpoint and with the code it ran (nothing is
 uploaded): a single run as its next attempt, a cell through its box's queue. Only that run is touched. Follow it
-with `rgt-run watch`.
+with `rgt-run watch`. A run watch stopped at its budget (budget_stopped) is retried only with a higher
+rgt_job.budget_usd than it spent.
 Exit codes: 0 the run is queued or running again, 1 it was not (it had not failed, or the launch failed), 2 the
-name is no run or cell on these hosts."""
+name is no run or cell on these hosts, 3 a budget_stopped run whose budget was not raised."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,6 +94,8 @@ def cmd_retry(args: argparse.Namespace, console: Console) -> int:
         evars = {**extravars, "launch_detached_use_new_code": False, "launch_detached_relaunch_failed": True,
                  "launch_detached_relaunch": False}
     ledger = ledger_dir(args.ledger)
+    job = extravars.get("rgt_job") if isinstance(extravars.get("rgt_job"), dict) else host.vars.get("rgt_job")
+    budget.check_retry(ledger, host.name, args.cell, job, sweep)  # stopped at its budget and not raised: exit 3
     console.print(f"[bold]rgt retry[/bold] {escape(args.cell)} on {escape(host.name)}"
                   + (f" (sweep {escape(sweep)})" if sweep else ""))
     result = run_playbook(playbook, args.inventory, [host], ledger=ledger, console=console, extravars=evars,

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, memory, notify, output, paths, runreport, service, sweeps, unattended
+from rgt import budget, endings, errors, memory, notify, output, paths, runreport, service, sweeps, unattended
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -123,6 +123,9 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
                "hb s"]
     if priced:
         columns.append("cost")
+    budgeted = any(d.get("budget") for d in every_run(docs))  # rgt.budget.annotate: spend/budget when one is set
+    if budgeted:
+        columns.append("budget")
     for col in columns:
         table.add_column(col, overflow="fold")
     for name, host_doc_ in sorted(docs.items()):
@@ -134,6 +137,8 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
                    f["util"], f["disk"], f["inode"], f["hb"]]
             if priced:
                 row.append(f["cost"])
+            if budgeted:
+                row.append(escape(budget.column(doc)))
             table.add_row(*row)
     console.print(table)
     for doc in sorted(every_run(docs), key=lambda d: (d["host"], str(d.get("run_id")))):
@@ -168,6 +173,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(args.ledger)
     docs = poll(args, console, hosts, extravars, ledger)
+    budget.annotate(every_run(docs))  # spend/budget of each run with rgt_job.budget_usd (its column, --json)
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)
     endings.annotate(docs, hosts, args, console)  # a run that ended by a signal: what happened, what to run
@@ -354,6 +360,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     ticks = 0
     code = errors.OK
     notifier = None if watching.follow else _watch_notifier(ledger, hosts, extravars, console)
+    budgets = None if watching.follow else budget.Watcher(args, console, ledger, hosts, extravars, notifier)
     console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
                   "(dead runs are reported, never relaunched)")
     while ticks < max_ticks and schedule.active():
@@ -385,6 +392,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 schedule.done.add(name)
             elif doc.get("state") == "preempted" and all(is_terminal(o) for o in doc.get("other_runs") or []):
                 schedule.done.add(name)  # preempted and not resumable (again): report, leave it to the user
+        if budgets is not None:  # rgt.budget (--follow acts on nothing)
+            budgets.tick(latest)  # rgt.budget: 50/80/100% of budget_usd (a stop at 100%), idle meters
         _watch_notify(notifier, docs, _watch_summary(latest, ledger, hosts) if notifier is not None else "")
         if not watching.follow:  # a meter stop authorised at launch (--follow acts on nothing)
             unattended.tick(args, console, ledger, hosts, latest, notifier)

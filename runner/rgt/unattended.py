@@ -114,6 +114,11 @@ def problem(doc: object, instance_id: str, now: float | None = None) -> str | No
     return None
 
 
+def authorises(ledger: Path, instance_id: str, now: float | None = None) -> bool:
+    """Does the ledger hold an intact, unexpired authorisation to stop `instance_id`'s meter?"""
+    return problem(read_json(auth_path(ledger, instance_id)), instance_id, now) is None
+
+
 def covered(doc: dict) -> set[tuple[str, str]]:
     return {(str(r.get("project")), str(r.get("run_id"))) for r in doc.get("runs") or [] if isinstance(r, dict)}
 

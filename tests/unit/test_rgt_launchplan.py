@@ -137,6 +137,10 @@ def test_a_finished_run_is_reported_and_a_failed_one_waits_for_a_retry(tmp_path)
     assert lp.not_started(paths, "never", {}, False, False) is None
     assert lp.not_started(paths, "dead", {}, True, False) is None
     assert lp.not_started(paths, "killed", {"rc": 1}, True, True) is None
+    # stopped at its budget: train and watch leave it; a retry (relaunch_failed) starts it
+    capped = lp.not_started(paths, "budget_stopped", {"attempt": 1}, True, False)
+    assert capped["state"] == "budget_stopped" and "with a higher rgt_job.budget_usd resumes it" in capped["msg"]
+    assert lp.not_started(paths, "budget_stopped", {"attempt": 1}, False, True) is None
 
 
 def test_the_end_line_stands_in_for_a_missing_exit_json_with_a_warning(tmp_path):

@@ -105,6 +105,11 @@ def test_preempted_exit_reason():
     assert doc["state"] == "preempted"
 
 
+def test_budget_stopped_exit_reason():
+    doc = rc.reconcile(finished_facts(exit={"attempt": 1, "rc": 0, "reason": "budget_stopped", "ended_at": NOW - 5}))
+    assert doc["state"] == "budget_stopped" and not doc["warnings"]
+
+
 def test_incarnation_change_without_exit_record_is_preempted():
     # the pid doc belongs to the old incarnation: the module reports its pids as not alive
     doc = rc.reconcile(facts(incarnation="boot-b:999", wrapper_alive=False, job_alive=False, session_alive=False))

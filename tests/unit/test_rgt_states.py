@@ -116,9 +116,9 @@ def test_every_group_member_is_a_word_of_its_vocabulary():
         assert set(members) <= set(S.REASON), name
     assert set(S.SHOWN.values()) <= set(S.STATES)
     assert set(S.LAST_STATES) == set(S.REASON)
-    assert set(S.NOTIFY_EVENTS) - set(S.STATES) == {S.ATTENTION}
+    assert set(S.NOTIFY_EVENTS) - set(S.STATES) == {S.ATTENTION, S.BUDGET, S.IDLE_METER}
     assert set(S.DEFAULT_ON) <= set(S.NOTIFY_EVENTS)
-    assert set(S.NOTIFY_COLORS) == set(S.STATES) | {S.ATTENTION}
+    assert set(S.NOTIFY_COLORS) == set(S.STATES) | {S.ATTENTION, S.BUDGET, S.IDLE_METER}
     assert set(S.CELL_NAMED) <= set(S.CELL_BAD) <= set(S.CELL_STATES)
     for gate in S.GATE_STATES_TABLE:
         assert gate.means.strip() and gate.by.strip() and gate.blocks in ("always", "unless_pulled", "exported")
@@ -190,9 +190,9 @@ def test_how_a_run_ends_in_job_spec_md_is_the_vocabulary():
 
 def test_the_report_and_notify_lists_of_report_md_are_the_vocabulary():
     text = (REPO / "docs" / "report.md").read_text()
-    lost = re.search(r"^\| recomputed steps \| for an attempt that ended ([a-z, ]+?) and was followed", text, re.M)
+    lost = re.search(r"^\| recomputed steps \| for an attempt that ended ([a-z_, ]+?) and was followed", text, re.M)
     assert lost and set(re.split(r", | or ", lost.group(1))) == set(S.LOST_REASONS)
-    after = re.search(r"^\| cost after the end \| .*? the end of a ([a-z/]+) last attempt", text, re.M)
+    after = re.search(r"^\| cost after the end \| .*? the end of a ([a-z_/]+) last attempt", text, re.M)
     assert after and set(after.group(1).split("/")) == set(S.BILLED_AFTER_END)
     default = re.search(r"Default:\s+`\[([a-z_, ]+)\]`", text)
     assert default and tuple(default.group(1).split(", ")) == S.DEFAULT_ON

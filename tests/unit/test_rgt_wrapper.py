@@ -101,6 +101,13 @@ def test_classify(rc, stop, requested, expected):
     assert w.classify(rc, stop, requested) == expected
 
 
+def test_the_budget_marker_with_the_preempt_file_is_budget_stopped_and_alone_is_nothing():
+    assert w.classify(0, None, True, budget_stop=True) == ("budget_stopped", None)
+    assert w.classify(143, "SIGTERM", True, budget_stop=True) == ("budget_stopped", 15)
+    assert w.classify(0, None, False, budget_stop=True) == ("finished", None)  # no stop was asked of the job
+    assert w.container_exit("budget_stopped", 0, None) == 143
+
+
 def test_a_stop_of_the_job_alone_exits_the_container_with_its_signal():
     assert w.container_exit("preempted", 143, 15) == 143
     assert w.container_exit("preempted", 130, 2) == 130

@@ -115,7 +115,7 @@ def container_exit(reason, rc, sig, stop_signal=None):
     the pod did not finish the run."""
     if reason == "finished":
         return 0
-    if reason == "preempted":
+    if reason in ("preempted", "budget_stopped"):
         if stop_signal and hasattr(signal, str(stop_signal)):  # a name: "SIGTERM"
             return 128 + int(getattr(signal, str(stop_signal)))
         return 128 + int(sig or signal.SIGTERM)
@@ -126,7 +126,7 @@ def container_exit(reason, rc, sig, stop_signal=None):
     return 1
 
 
-def classify(rc, stop_signal=None, preempt_requested=False):
+def classify(rc, stop_signal=None, preempt_requested=False, budget_stop=False):
     """(reason, signal) for a job's end (docs/job-spec.md "How a run ends"). A death by signal n is rc < 0 from a
     process we started, or 128+n, the way bash reports a command killed by signal n (137 for the OOM killer's
     SIGKILL) and the way a job that caught a stop signal exits by convention (143 after SIGTERM, 130 after SIGINT).
@@ -135,10 +135,14 @@ def classify(rc, stop_signal=None, preempt_requested=False):
     forwarded TERM to the job), RGT_PREEMPT_FILE appeared (`preempt_requested`: the wrapper, a platform hook or the
     user asked the job to stop), or the job itself ended by a stop signal (TERM, INT, HUP: killed by it, or exited
     128+n after checkpointing on it; only the job's processes got it, e.g. a container stop or `kill` of its pid).
-    Otherwise rc 0 is finished, any other death by signal killed (SIGKILL, SIGSEGV, ...), anything else failed."""
+    `budget_stopped` when RGT_PREEMPT_FILE came with the budget marker beside it (`budget_stop`: watch stopped
+    the run at its budget, rgt.budget). Otherwise rc 0 is finished, any other death by signal killed (SIGKILL,
+    SIGSEGV, ...), anything else failed."""
     sig = -rc if rc is not None and rc < 0 else None
     if rc is not None and 128 < rc <= 128 + 64:
         sig = rc - 128
+    if budget_stop and preempt_requested:
+        return "budget_stopped", sig
     if stop_signal or preempt_requested or sig in STOP_SIGNALS:
         return "preempted", sig
     if rc == 0:
@@ -409,7 +413,7 @@ class Wrapper:
                 rl.append_jsonl(self.paths.attempts, {"attempt": attempt, "ended_at": last, "rc": None,
                                                       "signal": None, "reason": "dead",
                                                       "noted_at": now_iso()})
-        for path in (self.paths.exit, self.paths.preempt):
+        for path in (self.paths.exit, self.paths.preempt, self.paths.budget_stop):
             try:
                 os.unlink(path)
             except OSError:
@@ -488,7 +492,8 @@ class Wrapper:
 
         if self.stop_signal:
             self.killpg(signal.SIGKILL)  # stragglers of a stopped job (loader workers): grace is over
-        reason, sig = classify(rc, self.stop_signal, os.path.exists(self.paths.preempt))
+        reason, sig = classify(rc, self.stop_signal, os.path.exists(self.paths.preempt),
+                               os.path.exists(self.paths.budget_stop))
         ended = now_iso()
         # The end records, each guarded (a full disk releases the reserve once). The end line comes before
         # exit.json: status and launch fall back to it when exit.json could not be written. exit.json last:
