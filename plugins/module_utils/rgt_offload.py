@@ -246,16 +246,62 @@ def health(records, every, now=None, newest_ckpt_mtime=None):
     if newest_ckpt_mtime and newest_ckpt_mtime > copied_at:
         late = now - newest_ckpt_mtime - 2 * float(every or DEFAULTS["every"]) - SETTLE_S
         behind = round(late, 1) if late > 0 else None
-    attention = None
+    attention = ident = None
     if failing:
-        attention = "offload failing: %s" % failing
+        ident, attention = "offload_failing", "offload failing: %s" % failing
     elif behind:
-        attention = "offload behind: the newest checkpoint has waited %ds for a verified copy" % behind
+        ident, attention = "offload_behind", ("offload behind: the newest checkpoint has waited %ds for a verified "
+                                              "copy" % behind)
     shown = None
     if newest:
         shown = {"name": newest.get("name"), "step": newest.get("step"), "bytes": newest.get("bytes"),
                  "dest": newest.get("dest"), "age_s": round(max(0.0, now - (newest.get("ts_epoch") or now)), 1)}
-    return {"newest": shown, "failing": failing, "behind_s": behind, "attention": attention}
+    return {"newest": shown, "failing": failing, "behind_s": behind, "attention": attention, "attention_id": ident}
+
+
+def status_of(run_dir, job, newest_ckpt=None, now=None):
+    """(the status document's `offload` {to, newest, failing, behind_s}, [attention items]) of a run whose job.json
+    declares an offload, else (None, []). newest_ckpt: the run's newest complete checkpoint path (or None)."""
+    conf = settings(job)
+    if conf is None:
+        return None, []
+    try:
+        mtime = os.stat(newest_ckpt).st_mtime if newest_ckpt else None
+    except OSError:
+        mtime = None
+    shown = health(read_records(run_dir), conf["every"], now, mtime)
+    items = [{"id": shown["attention_id"], "message": shown["attention"]}] if shown["attention"] else []
+    return {"to": conf["to"], "newest": shown["newest"], "failing": shown["failing"],
+            "behind_s": shown["behind_s"]}, items
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "%d B" % n
+
+
+def describe(offload):
+    """One line for status and watch: the newest verified copy (step, age, size, where), or that there is none."""
+    if not offload:
+        return None
+    newest = offload.get("newest")
+    if not newest:
+        return "offload to %s: no verified copy yet" % offload.get("to")
+    step = "step %s" % newest["step"] if newest.get("step") is not None else newest.get("name")
+    return "offload: %s verified %ds ago, %s, at %s" % (step, newest.get("age_s") or 0, _size(newest.get("bytes")
+                                                                                          or 0), newest.get("dest"))
+
+
+def short(offload):
+    """The watch tick's word: offload=<step>/<age>s of the newest verified copy, or offload=none."""
+    newest = (offload or {}).get("newest")
+    if not newest:
+        return "offload=none"
+    return "offload=%s/%ds" % (newest.get("step") if newest.get("step") is not None else newest.get("name"),
+                               newest.get("age_s") or 0)
 
 
 # ---------------------------------------------------------------- rclone
@@ -281,6 +327,13 @@ def find_rclone(shipped=None, which=shutil.which):
                 return candidate, None
     return None, ("no rclone >= %s on the box (install one, or let the launch ship the controller's)"
                   % ".".join(str(x) for x in MIN_RCLONE))
+
+
+def last_error(text, limit=240):
+    """rclone's last line of error without its timestamp, at most `limit` characters."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    line = re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ", "", lines[-1]) if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 class Rclone(object):
@@ -311,8 +364,7 @@ class Rclone(object):
                 return 124, "", "rclone ran past %ds" % self.timeout
         except OSError as exc:
             return 127, "", str(exc)
-        lines = [line for line in (err or "").splitlines() if line.strip()]
-        return proc.returncode, out, (lines[-1].strip() if lines else "")
+        return proc.returncode, out, last_error(err)
 
 
 # ---------------------------------------------------------------- the box's pusher

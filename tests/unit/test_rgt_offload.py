@@ -117,6 +117,22 @@ def test_newest_verified_checkpoint_skips_failures_and_pruned_copies(tmp_path):
     assert off.health(recs[:2], every=10, now=60, newest_ckpt_mtime=50)["attention"] is None
 
 
+def test_status_shows_the_newest_verified_copy_and_raises_attention_only_with_an_offload(tmp_path):
+    recs = [{"kind": "checkpoint", "name": "step_120", "step": 120, "ok": True, "verified": True,
+             "ts_epoch": 100, "bytes": 3 << 20, "dest": "s3t:b/p/step_120"},
+            {"kind": "checkpoint", "name": "step_130", "step": 130, "ok": False, "reason": "bucket full"}]
+    (tmp_path / "offload.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    spec = {"offload": {"to": "s3t:b/p", "every": 60}}
+    doc, items = off.status_of(str(tmp_path), spec, None, now=130)
+    assert doc == {"to": "s3t:b/p", "failing": "bucket full", "behind_s": None,
+                   "newest": {"name": "step_120", "step": 120, "bytes": 3 << 20, "dest": "s3t:b/p/step_120",
+                              "age_s": 30}}
+    assert items == [{"id": "offload_failing", "message": "offload failing: bucket full"}]
+    assert off.describe(doc) == "offload: step 120 verified 30s ago, 3.0 MiB, at s3t:b/p/step_120"
+    assert off.short(doc) == "offload=120/30s" and off.short({"newest": None}) == "offload=none"
+    assert off.status_of(str(tmp_path), {"command": "x"}) == (None, [])
+
+
 # ---------------------------------------------------------------- the pusher, against a real S3 server
 
 class _Clock:
@@ -176,7 +192,7 @@ def test_the_pusher_copies_verifies_prunes_and_keeps_the_secret_out_of_argv(tmp_
                                 rclone=off.Rclone(rclone_binary(), spec["secrets_file"]))
         refused.done_name = None
         record = refused.tick()
-        assert record["ok"] is False and "rclone copy failed" in record["reason"], record
+        assert record["ok"] is False and record["reason"].startswith("rclone copy"), record
         assert off.health(off.read_records(str(run_dir)), 5)["attention"].startswith("offload failing")
 
     secret_values = [s3.secret_key, ro.secret_key]
