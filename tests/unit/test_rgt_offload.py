@@ -198,3 +198,34 @@ def test_the_pusher_copies_verifies_prunes_and_keeps_the_secret_out_of_argv(tmp_
     secret_values = [s3.secret_key, ro.secret_key]
     assert argvs and not any(v in " ".join(a) for a in argvs for v in secret_values)
     assert not any(v in (run_dir / "offload.jsonl").read_text() for v in secret_values)
+
+
+@pytest.mark.parametrize("when,reason", [
+    ("before", "not verified: step_5/model.bin differs on the target"),  # the target got other bytes than hashed
+    ("after", "not verified: step_5 changed during the copy"),  # the target got the hashed ones, the entry moved on
+])
+def test_a_checkpoint_rewritten_while_its_copy_runs_is_never_counted_and_leaves_nothing_on_the_target(
+        tmp_path, when, reason):
+    run_dir = tmp_path / "root" / "proj" / "active" / "r2"
+    entry = run_dir / "ckpt" / "step_5"
+    _write(entry / "model.bin", os.urandom(4096))
+
+    class RewritingRclone(off.Rclone):
+        def run(self, *args):
+            if args[0] == "copy" and when == "before":  # the job rewrites the entry in place (no atomic rename)
+                (entry / "model.bin").write_bytes(os.urandom(4096))
+            out = super().run(*args)
+            if args[0] == "copy" and when == "after":
+                (entry / "model.bin").write_bytes(os.urandom(4096))
+            return out
+
+    with S3Server(tmp_path / "s3") as s3:
+        secrets_file = _secrets_file(tmp_path, s3.env("s3t"))
+        spec = {"command": "true", "secrets_file": secrets_file, "offload": {"to": "s3t:rgt/o", "every": 5}}
+        pusher = off.Offloader(str(run_dir), "proj", "r2", spec, clock=_Clock(), settle_s=0,
+                               rclone=RewritingRclone(rclone_binary(), secrets_file))
+        record = pusher.tick()
+        assert record["ok"] is False and record["verified"] is False, record
+        assert record["reason"].startswith(reason), record
+        assert not (s3.bucket_dir() / "o" / "proj" / "r2" / "checkpoints" / "step_5").exists()
+        assert off.newest_verified_checkpoint(str(run_dir)) is None
