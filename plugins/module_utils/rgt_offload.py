@@ -92,6 +92,15 @@ _HINTS = {
 }
 
 
+def not_built(offload):
+    """(what, fix) when the offload asks for what is not built yet (`to: controller`), else None."""
+    if isinstance(offload, dict) and offload.get("to") == CONTROLLER:
+        return ("offload.to: controller (watch pulling the copies) is not built yet",
+                "give a named rclone remote path (offload.to: s3store:bucket/prefix, docs/offload.md), or drop "
+                "offload")
+    return None
+
+
 def input_hint(field):
     """(what is wrong, the fix) for a refused `offload.<key>` field (`rgt_job.offload.credentials[0]`), or None. The
     value is never part of it."""
