@@ -561,6 +561,7 @@ def job_document(paths, job, code_dir, omp, python, secrets_file, env, proxy_hoo
         "omp_num_threads": omp,
         "launched_at": launched_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "attempt_policy": {"auto_resume": bool(job.get("auto_resume", False))},
+        "offload": job.get("offload") or None,  # the wrapper's pusher (module_utils/rgt_offload, docs/offload.md)
     }
 
 

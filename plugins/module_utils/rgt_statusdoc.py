@@ -21,6 +21,7 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
     rgt_gpu,
     rgt_history,
     rgt_host,
+    rgt_offload,
     rgt_outputs,
     rgt_reconcile,
     rgt_runlayout,
@@ -190,6 +191,8 @@ def collect(params):
         "queue": rgt_runlayout.sweep_queue(paths),  # None unless the run is a sweep's cell
     }
     doc = rgt_reconcile.reconcile(facts)
+    doc["offload"], offload_attention = rgt_offload.status_of(paths.run_dir, job, newest, now)
+    doc["attention"].extend(offload_attention)  # failing or behind: exit 5, the job keeps running
     doc["run_dir"] = paths.run_dir
     doc["gpu_source"] = gpu_source
     doc["price_per_hour"] = (job or {}).get("price_per_hour")

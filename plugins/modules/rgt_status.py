@@ -111,6 +111,11 @@ status:
     budget_usd: {type: float, description: "From the job spec (rgt_job.budget_usd), or null: watch stops it there."}
     auto_resume: {type: bool, description: From the job spec.}
     attention: {type: list, elements: dict, description: "[{id, message, ...}]: each makes the runner exit 5."}
+    offload:
+      type: dict
+      description: "A run whose job spec has an offload: {to, newest: {name, step, bytes, dest, age_s} of the newest
+        verified copy or null, failing: the last copy's failure or null, behind_s} (module_utils/rgt_offload,
+        docs/offload.md); null otherwise."
     warnings: {type: list, elements: str, description: What could not be read or looks wrong.}
     collected_at: {type: float, description: Epoch seconds on the box.}
     history:

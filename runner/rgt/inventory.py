@@ -27,6 +27,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
 _sweep = paths.module_util("rgt_sweep")  # a sweep's cells and their run ids
 _slurm = paths.module_util("rgt_slurm")  # the sbatch options rgt passes itself
+_offload = paths.module_util("rgt_offload")  # the offload field's input rules (values never echoed)
 _states = paths.module_util("rgt_states")  # the words of a notify rule's `on`, filled into the job schema
 # where in job.schema.json the enum of a notify rule's `on` words goes (generated: rgt_states.NOTIFY_EVENTS)
 NOTIFY_ON_WORD = ("$defs", "notify", "items", "properties", "on", "items", "then")
@@ -112,6 +113,10 @@ def explain(error: jsonschema.ValidationError, where: str) -> InputError:
         return InputError(f"{where}: field '{fld}' must be the NAME of an environment variable (e.g. "
                           "SLACK_WEBHOOK_URL), not the URL", fix="export SLACK_WEBHOOK_URL=... in this shell and "
                           "write webhook_env: SLACK_WEBHOOK_URL", field=fld)
+    if ".offload." in f".{fld}":
+        hint = _offload.input_hint(fld)  # the value may hold a key: never echoed
+        if hint:
+            return InputError(f"{where}: field '{fld}' is invalid: {hint[0]}", fix=hint[1], field=fld)
     desc = error.schema.get("description", "")
     return InputError(f"{where}: field '{fld}' is invalid: {error.message}",
                       fix=(f"expected {error.validator} {error.validator_value!r}" + (f" — {desc}" if desc else "")),
@@ -193,6 +198,9 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
         if not local.is_dir():
             raise InputError(f"{where}: rgt_job.{key} {value!r} is a file, not a directory ({local})",
                              fix=f"set rgt_job.{key} to the directory that holds it", field=f"rgt_job.{key}")
+    unbuilt = _offload.not_built(job.get("offload"))
+    if unbuilt:
+        raise InputError(f"{where}: {unbuilt[0]}", fix=unbuilt[1], field="rgt_job.offload.to")
     slurm = job.get("slurm")
     refused = _slurm.extra_problem(slurm.get("extra")) if isinstance(slurm, dict) else None
     if refused:
@@ -209,7 +217,7 @@ def missing_secrets(hosts: list[Host]) -> dict[str, list[str]]:
     """{secret NAME: [hosts]} for every secret a host's job names that is not set in this environment."""
     missing: dict[str, list[str]] = {}
     for host in hosts:
-        for name in ((host.vars.get("rgt_job") or {}).get("secrets") or []):
+        for name in _offload.shipped_secrets(host.vars.get("rgt_job") or {}):
             if not os.environ.get(name):
                 missing.setdefault(name, []).append(host.name)
     return missing

@@ -35,6 +35,7 @@ from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
 _states = paths.module_util("rgt_states")  # the run states, their groups and styles, one home
+_offload = paths.module_util("rgt_offload")  # the newest verified offload of a run, in words
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90
 DEFAULT_MAX_TICKS = 120
@@ -150,6 +151,8 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
         if doc.get("error"):
             console.print(f"  [magenta]{name}[/magenta]: {escape(printable(state_text(doc, now)))}: "
                           f"{escape(printable(doc['error']))}")
+        if doc.get("offload"):
+            console.print(f"  {name}: {escape(printable(_offload.describe(doc['offload'])))}")
         for warning in doc.get("warnings") or []:
             console.print(f"  [yellow]warning[/yellow] {name}: {escape(printable(warning))}")
 
@@ -162,6 +165,8 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
              f"disk={f['disk']}%", f"inode={f['inode']}%", f"hb={f['hb']}s"]
     if attention:
         parts.append(f"attention={attention}")
+    if doc.get("offload"):
+        parts.append(_offload.short(doc["offload"]))
     if note:
         parts.append(note)
     return printable(" ".join(parts))  # box text (state, loss, attention ids): no controls, one line

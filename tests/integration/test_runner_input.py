@@ -79,3 +79,12 @@ def test_malformed_profile_exit_2_naming_the_field(rgt, tmp_path, mutate, field)
     result = rgt("probe", "-i", inv, "--json", env={"RGT_PROFILES_DIR": str(pdir)})
     assert_refused(result, field)
     assert "mybox.yml" in result.stderr
+
+
+def test_an_offload_with_a_key_in_its_target_is_refused_exit_2_never_echoing_the_key(rgt, tmp_path):
+    inv = write_inventory(tmp_path / "inv", {"box": LOCAL})
+    job = tmp_path / "job.yml"
+    job.write_text("rgt_job:\n  name: ok\n  offload: {to: ':s3,secret_access_key=AKIA-PASTED-KEY:bucket'}\n")
+    result = rgt("probe", "-i", inv, "-e", f"@{job}", "--json")
+    assert_refused(result, "rgt_job.offload.to")
+    assert "AKIA-PASTED-KEY" not in result.stdout + result.stderr

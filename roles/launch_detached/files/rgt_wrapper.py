@@ -30,9 +30,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from shlex import quote as shell_quote
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -419,6 +421,20 @@ class Wrapper:
             except OSError:
                 pass
 
+    # -- offload (module_utils/rgt_offload, docs/offload.md)
+    def start_offload(self, job):
+        """The pusher to an rclone remote on a daemon thread of its own (a failure there is a record in
+        offload.jsonl, never the job's end); the Event that stops it."""
+        stopped = threading.Event()
+        conf = rgt_offload.settings(job)
+        if conf and rgt_offload.remote_of(conf["to"]):
+            pusher = rgt_offload.Offloader(self.paths.run_dir, self.paths.project, self.paths.run_id, job,
+                                           self.attempt)
+            thread = threading.Thread(target=pusher.loop, args=(stopped,), name="rgt-offload")
+            thread.daemon = True
+            thread.start()
+        return stopped
+
     # -- main
     def run(self):
         for directory in (self.paths.meta, self.paths.ckpt, self.paths.out, self.paths.logs):
@@ -469,6 +485,7 @@ class Wrapper:
             self.forward_stop()
         self.heartbeat(True)
 
+        offload_stop = self.start_offload(job)
         smi = shutil.which("nvidia-smi")
         next_beat = time.time() + heartbeat_s
         next_gpu = time.time()
@@ -492,6 +509,7 @@ class Wrapper:
 
         if self.stop_signal:
             self.killpg(signal.SIGKILL)  # stragglers of a stopped job (loader workers): grace is over
+        offload_stop.set()  # a copy in flight finishes on its own thread; it never holds the end records back
         reason, sig = classify(rc, self.stop_signal, os.path.exists(self.paths.preempt),
                                os.path.exists(self.paths.budget_stop))
         ended = now_iso()

@@ -1,0 +1,518 @@
+# -*- coding: utf-8 -*-
+# Copyright: rgt contributors
+# SPDX-License-Identifier: Apache-2.0
+"""Offload: copies of a run's newest complete checkpoint made off the box while the job runs, each verified
+(docs/offload.md; the job spec's `offload:`, docs/job-spec.md).
+
+One home for the offload's rules, box side and controller side:
+- the job spec's field: `settings(job)` (defaults filled), `input_hint(field)` (bad input named without echoing the
+  value: a pasted key must not reach a terminal), `shipped_secrets(job)` (rgt_job.secrets + offload.credentials);
+- which entry is offloaded: `pick_entry` (the newest complete entry of the checkpoint glob, only when two looks
+  `settle_s` apart see the same bytes: an entry still changing is skipped until the next round);
+- the SHA-256 manifest that travels with each copy (`manifest_lines`, `manifest_text`, `parse_sums`);
+- the records: one line per copy in <run_dir>/offload.jsonl (`read_records`), `newest_verified` (what a move resumes
+  from: `newest_verified_checkpoint(run_dir)`), `health` (what status shows and when it raises attention);
+- the box's pusher for an rclone remote (`Offloader`, run by the job wrapper in a thread of its own).
+
+Target layout: <to>/<project>/<run_id>/checkpoints/<entry name>/ holds the entry under its own name and
+MANIFEST.sha256 (sha256sum format, paths relative to that directory). A copy counts (ok and verified) only when
+`rclone hashsum sha256 --download` of the target directory, which reads the target's bytes back, matches every line
+of the manifest and nothing else is there. Credentials never reach an argv: rclone runs inside bash after the box's
+0600 secrets file is sourced (the remote is configured by RCLONE_CONFIG_<REMOTE>_* variables, or by the box's own
+rclone.conf); argv holds the remote's name and paths only.
+
+Python 3.6+, stdlib only (bundled into the wrapper by module_utils/rgt_bundle).
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+
+CONTROLLER = "controller"
+DEFAULTS = {"every": 600, "keep": 3, "bwlimit": None}
+MIN_RCLONE = (1, 60, 0)  # hashsum --download, check --download, purge of a prefix
+MANIFEST = "MANIFEST.sha256"
+RECORDS = "offload.jsonl"
+SETTLE_S = 1.0  # the two looks at an entry: equal signatures this far apart, or the entry is still changing
+RCLONE_TIMEOUT_S = 3600
+RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "2", "--contimeout", "10s", "--timeout", "60s"]
+REMOTE_RE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_-]{0,63}):(\S*)$")
+_STEP_RE = re.compile(r"(\d+)")
+
+
+# ---------------------------------------------------------------- the job spec's field
+
+def settings(job):
+    """The job's offload with defaults filled ({to, every, keep, bwlimit, credentials}), or None when it has none."""
+    offload = (job or {}).get("offload")
+    if not isinstance(offload, dict) or not offload.get("to"):
+        return None
+    out = dict(DEFAULTS)
+    out.update((k, v) for k, v in offload.items() if v is not None)
+    out["credentials"] = list(offload.get("credentials") or [])
+    return out
+
+
+def remote_of(to):
+    """(remote name, path) of an rclone target, or None for `controller` and anything else."""
+    match = REMOTE_RE.match(to or "")
+    return (match.group(1), match.group(2)) if match and to != CONTROLLER else None
+
+
+def shipped_secrets(job):
+    """The environment variable NAMES the box's secrets file holds: rgt_job.secrets, then offload.credentials."""
+    out = []
+    for name in list((job or {}).get("secrets") or []) + list(((job or {}).get("offload") or {}).get(
+            "credentials") or []):
+        if name not in out:
+            out.append(name)
+    return out
+
+
+_HINTS = {
+    "to": ("give `controller` or a named rclone remote path such as s3store:bucket/prefix",
+           "set offload.to: controller, or name a remote configured by RCLONE_CONFIG_<REMOTE>_* variables (listed in "
+           "offload.credentials) or by the box's rclone.conf; an inline :backend,key=...: string is refused (it would "
+           "put keys in an argv)"),
+    "credentials": ("must list environment variable NAMES (e.g. RCLONE_CONFIG_S3STORE_SECRET_ACCESS_KEY), not "
+                    "values",
+                    "export the value in this shell and list its name under offload.credentials"),
+    "every": ("must be a number of seconds from 5 to 604800", "set offload.every: 600 (at most one copy per 10 min)"),
+    "keep": ("must be a whole number from 1 to 1000", "set offload.keep: 3 (the newest 3 kept on the target)"),
+    "bwlimit": ("must be a rate such as 20M (rclone's --bwlimit: 20 MiB/s)", "set offload.bwlimit: 20M, or drop it"),
+}
+
+
+def not_built(offload):
+    """(what, fix) when the offload asks for what is not built yet (`to: controller`), else None."""
+    if isinstance(offload, dict) and offload.get("to") == CONTROLLER:
+        return ("offload.to: controller (watch pulling the copies) is not built yet",
+                "give a named rclone remote path (offload.to: s3store:bucket/prefix, docs/offload.md), or drop "
+                "offload")
+    return None
+
+
+def input_hint(field):
+    """(what is wrong, the fix) for a refused `offload.<key>` field (`rgt_job.offload.credentials[0]`), or None. The
+    value is never part of it."""
+    tail = field.split(".offload.", 1)[-1] if ".offload." in "." + field else ""
+    return _HINTS.get(re.split(r"[.\[]", tail)[0]) if tail else None
+
+
+# ---------------------------------------------------------------- which entry, and its manifest
+
+def step_of(name):
+    """The step a checkpoint's name carries (its last number: step_000120.pt -> 120), or None."""
+    found = _STEP_RE.findall(name or "")
+    return int(found[-1]) if found else None
+
+
+def entry_files(path):
+    """[(relative path under the entry's parent, absolute path)] of an entry (a file, or a directory's regular
+    files), sorted; None when it holds a symlink or cannot be read."""
+    parent = os.path.dirname(path)
+    if os.path.islink(path):
+        return None
+    if os.path.isfile(path):
+        return [(os.path.basename(path), path)]
+    out = []
+    try:
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                full = os.path.join(root, name)
+                if os.path.islink(full):
+                    return None
+                if name in files and os.path.isfile(full):
+                    out.append((os.path.relpath(full, parent), full))
+    except OSError:
+        return None
+    return sorted(out)
+
+
+def signature(path):
+    """What names the entry's bytes now: ((rel, size, mtime_ns, inode), ...); None when unreadable."""
+    files = entry_files(path)
+    if files is None:
+        return None
+    out = []
+    for rel, full in files:
+        try:
+            st = os.stat(full)
+        except OSError:
+            return None
+        out.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
+def pick_entry(ckpt_dir, pattern, settle_s=SETTLE_S, look=signature, sleep=time.sleep):
+    """(path, signature, None) of the newest complete entry of the checkpoint glob when two looks settle_s apart
+    see the same bytes, else (path or None, None, why not)."""
+    path = rl.newest_checkpoint(ckpt_dir, pattern or "*")
+    if not path:
+        return None, None, "no complete checkpoint yet"
+    first = look(path)
+    sleep(settle_s)
+    second = look(path)
+    if first is None or second is None:
+        return path, None, "%s cannot be read (or holds a symlink)" % os.path.basename(path)
+    if first != second:
+        return path, None, "%s is still changing" % os.path.basename(path)
+    return path, second, None
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest_lines(path):
+    """[(sha256, rel)] of an entry's files, rel under the entry's parent (the entry's own name first)."""
+    return [(sha256_file(full), rel) for rel, full in entry_files(path) or []]
+
+
+def manifest_text(lines):
+    return "".join("%s  %s\n" % (sha, rel) for sha, rel in sorted(lines, key=lambda item: item[1]))
+
+
+def parse_sums(text):
+    """{rel: sha256} of sha256sum-format text (rclone hashsum's output too); malformed lines dropped."""
+    out = {}
+    for line in (text or "").splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2 and re.match(r"^[0-9a-f]{64}$", parts[0]):
+            out[parts[1].lstrip("*")] = parts[0]
+    return out
+
+
+def compare_sums(expected, got):
+    """None when the target holds exactly the manifest's files with those hashes, else the first difference."""
+    for rel in sorted(expected):
+        if rel not in got:
+            return "%s is missing on the target" % rel
+        if got[rel] != expected[rel]:
+            return "%s differs on the target (sha256 %s, expected %s)" % (rel, got[rel][:12], expected[rel][:12])
+    extra = sorted(set(got) - set(expected))
+    return "the target holds %s, which the manifest does not list" % extra[0] if extra else None
+
+
+# ---------------------------------------------------------------- records
+
+def records_path(run_dir):
+    return os.path.join(run_dir, RECORDS)
+
+
+def read_records(run_dir):
+    return rl.read_jsonl(records_path(run_dir))
+
+
+def newest_verified(records, kind="checkpoint"):
+    """The newest record of a verified copy of this kind still on the target (not pruned since), or None."""
+    live, order = {}, []
+    for record in records:
+        name = record.get("name")
+        if record.get("kind") == kind and record.get("ok") and record.get("verified"):
+            live[name] = record
+            order.append(name)
+        elif record.get("kind") == "prune" and record.get("ok") and kind == "checkpoint":
+            live.pop(name, None)
+    for name in reversed(order):
+        if name in live:
+            return live[name]
+    return None
+
+
+def newest_verified_checkpoint(run_dir):
+    """What a move resumes from: the newest verified offloaded checkpoint of the run whose records are in run_dir
+    ({name, step, dest, manifest_sha256, ...}), or None."""
+    return newest_verified(read_records(run_dir), "checkpoint")
+
+
+def health(records, every, now=None, newest_ckpt_mtime=None):
+    """What status shows of a run's offloads: {newest (step, age_s, bytes, name, dest of the newest verified
+    copy), failing (the reason of the last copy when it failed), behind_s (how long a complete checkpoint has waited
+    beyond twice `every` with no verified copy of it or newer), attention (a sentence, or None)}."""
+    now = time.time() if now is None else now
+    copies = [r for r in records if r.get("kind") in ("checkpoint", "export")]
+    newest = newest_verified(records, "checkpoint")
+    last = copies[-1] if copies else None
+    failing = None
+    if last and not (last.get("ok") and last.get("verified")):
+        failing = last.get("reason") or "failed"
+    behind = None
+    copied_at = (newest or {}).get("ts_epoch") or 0
+    if newest_ckpt_mtime and newest_ckpt_mtime > copied_at:
+        late = now - newest_ckpt_mtime - 2 * float(every or DEFAULTS["every"]) - SETTLE_S
+        behind = round(late, 1) if late > 0 else None
+    attention = ident = None
+    if failing:
+        ident, attention = "offload_failing", "offload failing: %s" % failing
+    elif behind:
+        ident, attention = "offload_behind", ("offload behind: the newest checkpoint has waited %ds for a verified "
+                                              "copy" % behind)
+    shown = None
+    if newest:
+        shown = {"name": newest.get("name"), "step": newest.get("step"), "bytes": newest.get("bytes"),
+                 "dest": newest.get("dest"), "age_s": round(max(0.0, now - (newest.get("ts_epoch") or now)), 1)}
+    return {"newest": shown, "failing": failing, "behind_s": behind, "attention": attention, "attention_id": ident}
+
+
+def status_of(run_dir, job, newest_ckpt=None, now=None):
+    """(the status document's `offload` {to, newest, failing, behind_s}, [attention items]) of a run whose job.json
+    declares an offload, else (None, []). newest_ckpt: the run's newest complete checkpoint path (or None)."""
+    conf = settings(job)
+    if conf is None:
+        return None, []
+    try:
+        mtime = os.stat(newest_ckpt).st_mtime if newest_ckpt else None
+    except OSError:
+        mtime = None
+    shown = health(read_records(run_dir), conf["every"], now, mtime)
+    items = [{"id": shown["attention_id"], "message": shown["attention"]}] if shown["attention"] else []
+    return {"to": conf["to"], "newest": shown["newest"], "failing": shown["failing"],
+            "behind_s": shown["behind_s"]}, items
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "%d B" % n
+
+
+def describe(offload):
+    """One line for status and watch: the newest verified copy (step, age, size, where), or that there is none."""
+    if not offload:
+        return None
+    newest = offload.get("newest")
+    if not newest:
+        return "offload to %s: no verified copy yet" % offload.get("to")
+    step = "step %s" % newest["step"] if newest.get("step") is not None else newest.get("name")
+    return "offload: %s verified %ds ago, %s, at %s" % (step, newest.get("age_s") or 0, _size(newest.get("bytes")
+                                                                                          or 0), newest.get("dest"))
+
+
+def short(offload):
+    """The watch tick's word: offload=<step>/<age>s of the newest verified copy, or offload=none."""
+    newest = (offload or {}).get("newest")
+    if not newest:
+        return "offload=none"
+    return "offload=%s/%ds" % (newest.get("step") if newest.get("step") is not None else newest.get("name"),
+                               newest.get("age_s") or 0)
+
+
+# ---------------------------------------------------------------- rclone
+
+def rclone_version(binary):
+    """(major, minor, patch) of an rclone binary, or None when it does not run."""
+    try:
+        out = subprocess.check_output([binary, "version"], stderr=subprocess.STDOUT, universal_newlines=True,
+                                      timeout=30)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    match = re.search(r"rclone v(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def find_rclone(shipped=None, which=shutil.which):
+    """(path, None) of the rclone to use: the one rgt shipped to the box, else the box's own when >= MIN_RCLONE;
+    else (None, why)."""
+    for candidate in (shipped, which("rclone")):
+        if candidate and os.path.isfile(candidate):
+            version = rclone_version(candidate)
+            if version and version >= MIN_RCLONE:
+                return candidate, None
+    return None, ("no rclone >= %s on the box (install one, or let the launch ship the controller's)"
+                  % ".".join(str(x) for x in MIN_RCLONE))
+
+
+def last_error(text, limit=240):
+    """rclone's last line of error without its timestamp, at most `limit` characters."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    line = re.sub(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ", "", lines[-1]) if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+class Rclone(object):
+    """rclone run inside bash with the secrets file sourced: the values reach rclone's environment, never argv."""
+
+    def __init__(self, binary, secrets_file=None, bwlimit=None, timeout=RCLONE_TIMEOUT_S):
+        self.binary = binary
+        self.secrets_file = secrets_file
+        self.bwlimit = bwlimit
+        self.timeout = timeout
+
+    def run(self, *args):
+        """(rc, stdout, stderr's last line) of one rclone command."""
+        prelude = 'set -a; . "$RGT_OFFLOAD_SECRETS" || exit 98; set +a; ' if self.secrets_file else ""
+        argv = ["bash", "-c", prelude + 'exec "$@"', "rclone", self.binary] + list(args) + RCLONE_FLAGS
+        if self.bwlimit:
+            argv += ["--bwlimit", str(self.bwlimit)]
+        env = dict(os.environ)
+        env["RGT_OFFLOAD_SECRETS"] = self.secrets_file or ""
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                    universal_newlines=True, stdin=subprocess.DEVNULL)
+            try:
+                out, err = proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return 124, "", "rclone ran past %ds" % self.timeout
+        except OSError as exc:
+            return 127, "", str(exc)
+        return proc.returncode, out, last_error(err)
+
+
+# ---------------------------------------------------------------- the box's pusher
+
+class Offloader(object):
+    """Copies the newest complete checkpoint to an rclone remote at most every `every` s; `tick()` does one round.
+    Every failure becomes a record (ok false, the reason); nothing here raises into the wrapper."""
+
+    def __init__(self, run_dir, project, run_id, job, attempt=None, clock=time.time, settle_s=SETTLE_S,
+                 rclone=None):
+        self.run_dir = run_dir
+        self.ckpt_dir = os.path.join(run_dir, "ckpt")
+        self.meta = os.path.join(run_dir, ".rgt", "offload")
+        self.job = job
+        self.conf = settings(job)
+        self.attempt = attempt
+        self.clock = clock
+        self.settle_s = settle_s
+        self.base = "%s/%s/%s" % ((self.conf or {}).get("to", "").rstrip("/"), project, run_id)
+        self.rclone = rclone
+        self.next_at = 0.0
+        last = newest_verified(read_records(run_dir))
+        self.done_name = last.get("name") if last else None
+        self.done_sig = last.get("signature") if last else None
+
+    def record(self, doc):
+        doc.setdefault("ts", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())))
+        doc.setdefault("ts_epoch", round(self.clock(), 3))
+        doc.setdefault("attempt", self.attempt)
+        try:
+            rl.append_jsonl(records_path(self.run_dir), doc)
+        except OSError:
+            pass  # a full disk: the copy is still on the target; the job goes on
+        return doc
+
+    def ensure_rclone(self):
+        if self.rclone is None:
+            binary, why = find_rclone((self.job.get("offload") or {}).get("rclone"))
+            if not binary:
+                return why
+            self.rclone = Rclone(binary, self.job.get("secrets_file"), self.conf.get("bwlimit"))
+        return None
+
+    def due(self):
+        return self.conf is not None and remote_of(self.conf["to"]) is not None and self.clock() >= self.next_at
+
+    def tick(self):
+        """One round when due: None when nothing was copied, else the record written."""
+        if not self.due():
+            return None
+        self.next_at = self.clock() + float(self.conf["every"])
+        try:
+            return self._round()
+        except Exception as exc:  # never into the wrapper: the job keeps running
+            return self.record({"kind": "checkpoint", "ok": False, "verified": False,
+                                "reason": "offload error: %s" % exc})
+
+    def _round(self):
+        path, sig, why = pick_entry(self.ckpt_dir, self.job.get("ckpt_glob") or "*", self.settle_s)
+        if not path:
+            self.next_at = self.clock() + min(float(self.conf["every"]), 5.0)  # look again soon
+            return None
+        name = os.path.basename(path)
+        if sig is None:
+            self.next_at = self.clock() + self.settle_s  # still changing: the next round takes it whole
+            return None
+        if name == self.done_name and [list(x) for x in sig] == self.done_sig:
+            return None  # already on the target
+        problem = self.ensure_rclone()
+        if problem:
+            return self.record({"kind": "checkpoint", "name": name, "step": step_of(name), "ok": False,
+                                "verified": False, "reason": problem})
+        record = self.copy_entry("checkpoint", path, sig, "%s/checkpoints/%s" % (self.base, name))
+        if record.get("ok"):
+            self.done_name, self.done_sig = name, record.get("signature")
+            self.prune()
+        return record
+
+    def copy_entry(self, kind, path, sig, dest):
+        """Copy one entry and its manifest to dest, read it back, record the outcome."""
+        name = os.path.basename(path)
+        started = self.clock()
+        base = {"kind": kind, "name": name, "step": step_of(name) if kind == "checkpoint" else None,
+                "dest": dest, "verified": False, "ok": False}
+        lines = manifest_lines(path)
+        if signature(path) != sig:
+            return self.record(dict(base, reason="%s changed while it was hashed; the next round takes it" % name))
+        text = manifest_text(lines)
+        if not os.path.isdir(self.meta):
+            os.makedirs(self.meta)
+        staged = os.path.join(self.meta, MANIFEST)
+        rl.atomic_write(staged, text)
+        base.update(bytes=sum(os.path.getsize(full) for _rel, full in entry_files(path) or []),
+                    files=len(lines), manifest_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
+        copy = ("copyto", path, "%s/%s" % (dest, name)) if os.path.isfile(path) else (
+            "copy", path, "%s/%s" % (dest, name))
+        for args in (copy, ("copyto", staged, "%s/%s" % (dest, MANIFEST))):
+            rc, _out, err = self.rclone.run(*args)
+            if rc != 0:
+                return self.record(dict(base, reason="rclone %s failed (rc %s): %s" % (args[0], rc, err),
+                                        took_s=round(self.clock() - started, 3)))
+        rc, out, err = self.rclone.run("hashsum", "sha256", "--download", dest)
+        if rc != 0:
+            return self.record(dict(base, reason="reading the copy back failed (rc %s): %s" % (rc, err)))
+        expected = dict((rel, sha) for sha, rel in lines)
+        expected[MANIFEST] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        problem = compare_sums(expected, parse_sums(out))
+        if problem is None and signature(path) != sig:
+            problem = "%s changed during the copy" % name
+        if problem:
+            self.rclone.run("purge", dest)
+            return self.record(dict(base, reason="not verified: %s" % problem))
+        return self.record(dict(base, ok=True, verified=True, verify="sha256 read back",
+                                signature=[list(x) for x in sig], took_s=round(self.clock() - started, 3)))
+
+    def prune(self):
+        """Delete the checkpoints this run copied beyond the newest `keep` from the target (never the export)."""
+        records = read_records(self.run_dir)
+        names = []
+        gone = set()
+        for r in records:
+            if r.get("kind") == "checkpoint" and r.get("ok") and r.get("verified"):
+                if r["name"] in names:
+                    names.remove(r["name"])
+                names.append(r["name"])
+                gone.discard(r["name"])
+            elif r.get("kind") == "prune" and r.get("ok"):
+                gone.add(r.get("name"))
+        for name in names[:-int(self.conf["keep"])]:
+            if name in gone:
+                continue
+            dest = "%s/checkpoints/%s" % (self.base, name)
+            rc, _out, err = self.rclone.run("purge", dest)
+            self.record({"kind": "prune", "name": name, "dest": dest, "ok": rc == 0,
+                         "reason": None if rc == 0 else "rclone purge failed (rc %s): %s" % (rc, err)})
+
+    def loop(self, stopped, tick_s=1.0):
+        """The wrapper's thread: rounds until `stopped` (a threading.Event) is set."""
+        while not stopped.is_set():
+            self.tick()
+            stopped.wait(tick_s)
+

@@ -1,0 +1,110 @@
+"""Offload through `rgt-run` on a stub box (docs/offload.md): a real S3-compatible server on the controller
+(`rclone serve s3`, tests/fakes/s3.py) reachable from the box over the podman bridge; the box pushes its newest
+complete checkpoint while the job runs, each copy verified by reading it back, `keep` honoured, the credentials in
+no argv, log, ledger, --json or record; a target that refuses writes is a failure record and the job keeps
+running. One run, several assertions."""
+
+import hashlib
+import json
+import re
+
+import pytest
+from clihelp import wait_for
+from conftest import stub_inventory
+from test_run_spine import RUNS, box, job, status, train
+
+from tests.fakes.s3 import S3Server, rclone_binary
+from tests.harness import stubhost as sh
+
+pytestmark = [pytest.mark.stubs, pytest.mark.slow]
+
+
+def _gateway(stub) -> str:
+    """The controller's address as the box sees it (the podman bridge's gateway)."""
+    route = box(stub, "ip -4 route show default")
+    found = re.search(r"via (\S+)", route)
+    assert found, route
+    return found.group(1)
+
+
+def _records(stub, run_id):
+    text = box(stub, f"cat {RUNS}/{run_id}/offload.jsonl 2>/dev/null || true")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def rp(stub_fleet):
+    stub = stub_fleet["stubs"]["rp"]
+    yield stub
+    stub.exec(["bash", "-c", "pkill -f '[r]gt/active/' || true; tmux kill-server 2>/dev/null || true"])
+
+
+def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_target_never_stops_it(
+        rgt, stub_fleet, rp, tmp_path):
+    # the box's own recent rclone (the one rgt-bin ships), the S3 servers on the bridge
+    sh.podman("cp", rclone_binary(), f"{rp.container}:/usr/local/bin/rclone")
+    gateway = _gateway(rp)
+    with S3Server(tmp_path / "s3", bind=gateway) as s3, S3Server(tmp_path / "ro", bind=gateway, read_only=True) as ro:
+        env = {**s3.env("s3t"), **ro.env("rot")}
+        spec = job("offl", steps=600, sleep=0.1, offload={"to": "s3t:rgt/off", "every": 5, "keep": 2,
+                                                          "credentials": sorted(env)})
+        refused = job("offl-ro", steps=600, sleep=0.1, offload={"to": "rot:rgt/off", "every": 5, "keep": 2,
+                                                                "credentials": sorted(env)})
+        inv = stub_inventory(stub_fleet, ["rp"])
+        launched = train(rgt, inv, spec, **env)
+        assert launched.rc == 0, launched.stderr
+        launched_ro = train(rgt, inv, refused, **env)
+        assert launched_ro.rc == 0, launched_ro.stderr
+
+        def verified():
+            recs = [r for r in _records(rp, "offl") if r.get("kind") == "checkpoint" and r.get("verified")]
+            return recs if len(recs) >= 3 else None
+
+        copies = wait_for(verified, timeout=90, what="three verified offloads", interval=1.0)
+        ps = box(rp, "ps -eo args")
+        alive = box(rp, f"test -e {RUNS}/offl/.rgt/exit.json && echo ended || echo running").strip()
+        assert alive == "running", "the copies were made while the job ran"
+        steps = [r["step"] for r in copies]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps), steps
+        for record in copies:
+            assert record["ok"] and record["verify"] == "sha256 read back"
+            assert record["dest"] == f"s3t:rgt/off/rgt/offl/checkpoints/{record['name']}"
+
+        # keep: 2 on the target, each copy the bytes the box wrote (its manifest, and the box's own file)
+        target = s3.bucket_dir() / "off" / "rgt" / "offl" / "checkpoints"
+        wait_for(lambda: len(list(target.iterdir())) == 2, timeout=20, what="prune to keep=2")
+        for entry in target.iterdir():
+            sums = dict(reversed(line.split("  ", 1)) for line in
+                        (entry / "MANIFEST.sha256").read_text().splitlines())
+            assert list(sums) == [entry.name]
+            assert hashlib.sha256((entry / entry.name).read_bytes()).hexdigest() == sums[entry.name]
+            on_box = box(rp, f"sha256sum {RUNS}/offl/ckpt/{entry.name} 2>/dev/null || true").split()[:1]
+            assert on_box in ([], [sums[entry.name]])  # the box may have rotated it away since
+
+        # the refusing target: failure records with the reason; the job keeps running
+        failed = wait_for(lambda: [r for r in _records(rp, "offl-ro") if r.get("kind") == "checkpoint"],
+                          timeout=60, what="a refused offload", interval=1.0)
+        assert failed[0]["ok"] is False and failed[0]["reason"].startswith("rclone copy"), failed[0]
+        assert "Failed to copy" in failed[0]["reason"] and len(failed[0]["reason"]) < 300
+        assert box(rp, f"test -e {RUNS}/offl-ro/.rgt/exit.json && echo ended || echo running").strip() == "running"
+        assert not list((tmp_path / "ro").rglob("*.ckpt"))
+
+        # status: the newest verified copy of the one, attention (exit 5) for the other, both still running
+        good = status(rgt, inv, spec)
+        doc = good.doc["hosts"]["rp"]
+        assert doc["state"] == "running", doc
+        assert doc["offload"]["newest"]["step"] >= copies[-1]["step"] and doc["offload"]["failing"] is None
+        assert not [a for a in doc["attention"] if a["id"].startswith("offload")]
+        bad = status(rgt, inv, refused)
+        assert bad.rc == 5, bad.stderr
+        doc = bad.doc["hosts"]["rp"]
+        assert doc["state"] == "running" and doc["offload"]["newest"] is None
+        assert [a["id"] for a in doc["attention"]] == ["offload_failing"], doc["attention"]
+
+        # the credentials in no argv, log, ledger, --json or record
+        texts = [ps, launched.stdout, launched.stderr, launched_ro.stdout, launched_ro.stderr, good.stdout, bad.stdout,
+                 box(rp, f"cat {RUNS}/offl/offload.jsonl {RUNS}/offl-ro/offload.jsonl {RUNS}/offl/logs/* "
+                         f"{RUNS}/offl/.rgt/job.json")]
+        texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
+        for secret in (s3.secret_key, ro.secret_key):
+            assert not any(secret in text for text in texts)
