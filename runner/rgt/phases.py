@@ -174,6 +174,8 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     # a meter stop's confirmation only from `rgt-run teardown` (its channel), whatever the play sets or includes
     evars.update(confirmation.pins(evars.get(confirmation.CHANNEL)))
     evars["rgt_ledger_dir"] = str(ledger)
+    # controller scratch files of the roles (upload_resume's file lists): removed with the private dir
+    evars["rgt_controller_scratch_dir"] = str(private / "scratch")
     # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them
     tail = ProgressTail(console, private / "progress")
     evars.update(tail.extravars())
