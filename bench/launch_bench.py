@@ -10,7 +10,9 @@ Measured in one run on the same stub, interleaved round by round (medians; ratio
   (two fresh SSH connections, as a hand-typed launch pays; the issue's baseline) and over a warm ControlMaster.
 Every run is a new run id (a fresh run dir: the code is uploaded and verified every round); each is stopped after.
 Where the time goes: each task's duration from rgt's own event timestamps (<ledger>/events/*.jsonl), --tasks.
-Usage: python bench/launch_bench.py [--rounds 3] [--tasks]
+With --compare DIR (a checkout of another commit, e.g. `git archive BASE | tar -x -C DIR`), that commit's runner
+and collection (PYTHONPATH=DIR/runner) are measured too, interleaved in the same rounds: before/after in one run.
+Usage: python bench/launch_bench.py [--rounds 3] [--tasks] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tasks", action="store_true", help="print each task's duration of the last rounds")
+    ap.add_argument("--compare", type=Path, help="a checkout of another commit, measured interleaved")
     args = ap.parse_args()
     sh.ensure_image()
     tag = sh.session_tag("rgtl")
@@ -78,13 +81,15 @@ def main() -> int:
             stub.exec(["bash", "-c", "pkill -f '[r]gt/active/' || true; pkill -f '[b]ench-base' || true; "
                                      "tmux kill-server 2>/dev/null || true"])
 
-        def rgt_train(ledger: Path) -> float:
+        def rgt_train(ledger: Path, code: Path | None = None) -> float:
             run_id = f"lb{next(counter)}"
+            env = {**os.environ, "RGT_LEDGER": str(ledger)}
+            if code:
+                env["PYTHONPATH"] = str(code.resolve() / "runner")
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "rgt.cli", "train", "-i", str(inv), "--json",
                                    "-e", json.dumps({"rgt_job": job(run_id), "rgt_skip_smoke": True})],
-                                  capture_output=True, text=True, cwd=REPO,
-                                  env={**os.environ, "RGT_LEDGER": str(ledger)})
+                                  capture_output=True, text=True, cwd=REPO, env=env)
             elapsed = time.perf_counter() - t0
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
             hb = stub.exec(["bash", "-c", f"test -s {RUNS}/{run_id}/.rgt/heartbeat && echo yes"]).stdout
@@ -112,13 +117,19 @@ def main() -> int:
 
         rgt_train(seen)  # warm: bytecode caches, the inventory cache, the box's first probe in the "seen" ledger
         baseline(mux)
-        first_t, seen_t, base_t, mux_t = [], [], [], []
+        seen_other = work / "ledger-seen-other"
+        if args.compare:
+            rgt_train(seen_other, args.compare)
+        first_t, seen_t, base_t, mux_t, first_o, seen_o = [], [], [], [], [], []
         for _ in range(args.rounds):  # interleaved, so a slow moment of the machine hits every measure alike
             fresh = work / f"ledger-fresh-{next(counter)}"
             first_t.append(rgt_train(fresh))
             seen_t.append(rgt_train(seen))
             base_t.append(baseline([]))
             mux_t.append(baseline(mux))
+            if args.compare:
+                first_o.append(rgt_train(work / f"ledger-fresh-{next(counter)}", args.compare))
+                seen_o.append(rgt_train(seen_other, args.compare))
         if args.tasks:
             for name, ledger in (("first contact", fresh), ("seen before", seen)):
                 print(f"-- {name}: each task's seconds", file=sys.stderr)
@@ -126,7 +137,10 @@ def main() -> int:
                     print(f"  {secs:6.2f}  {task}", file=sys.stderr)
         med = {k: statistics.median(v) for k, v in (("first", first_t), ("seen", seen_t), ("base", base_t),
                                                        ("mux", mux_t))}
-        result = {"rounds": args.rounds,
+        result = {"rounds": args.rounds, "each_s": {"first_contact": [round(t, 2) for t in first_t],
+                                                   "seen_before": [round(t, 2) for t in seen_t],
+                                                   "baseline": [round(t, 2) for t in base_t],
+                                                   "baseline_warm_mux": [round(t, 2) for t in mux_t]},
                   "train_first_contact_median_s": round(med["first"], 3),
                   "train_seen_before_median_s": round(med["seen"], 3),
                   "baseline_rsync_tmux_median_s": round(med["base"], 3),
@@ -134,6 +148,11 @@ def main() -> int:
                   "ratio_first_contact": round(med["first"] / med["base"], 2),
                   "ratio_seen_before": round(med["seen"] / med["base"], 2),
                   "ratio_seen_before_vs_warm_mux": round(med["seen"] / med["mux"], 2)}
+        if args.compare:
+            for key, vals in (("compare_first_contact", first_o), ("compare_seen_before", seen_o)):
+                result["each_s"][key] = [round(t, 2) for t in vals]
+                result[key + "_median_s"] = round(statistics.median(vals), 3)
+                result["ratio_" + key] = round(statistics.median(vals) / med["base"], 2)
         print(json.dumps(result))
         print(f"rgt-run train to first heartbeat: first contact {med['first']:.2f} s "
               f"({med['first'] / med['base']:.1f}x), box seen before {med['seen']:.2f} s "
