@@ -32,6 +32,9 @@ Severity policy (one place, so the role and the docs can cite it):
 
 from __future__ import absolute_import, division, print_function
 
+import hashlib
+import json
+
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gate
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import finding, worst_first
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_findings import verdict as verdict_of
@@ -417,3 +420,41 @@ def evaluate(report, gpu_request=None, profile=None):
     return {"findings": findings, "verdict": verdict,
             "exit_hint": 1 if verdict == "fail" else 0}
 
+
+
+# ---------------------------------------------------------------- reuse of a recent probe (the ledger's record)
+
+REUSE_MAX_AGE_S = 300  # train's default window (roles/probe probe_reuse_max_age_s); a standalone probe: 0
+
+
+def probe_inputs_digest(args):
+    """One digest of what a probe was asked (paths, roots, project, GPU request, profile, interpreter, layout): a
+    record answers only the same question."""
+    text = json.dumps(args, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def reuse(previous, instance_id, pin, inputs_digest, now, max_age_s):
+    """(reusable, why) for the ledger's record of a probe: only a record of the same instance (rgt_instance_id),
+    behind the same host key pin, asked the same question, that did not fail, taken less than max_age_s ago (and
+    not in the future). Anything else, a record that cannot be read included, is probed again."""
+    if max_age_s <= 0:
+        return False, "reuse off"
+    if not isinstance(previous, dict):
+        return False, "no earlier probe of this box in the ledger"
+    reuse_doc = previous.get("probed") if isinstance(previous.get("probed"), dict) else {}
+    taken = reuse_doc.get("at")
+    if not isinstance(taken, (int, float)) or isinstance(taken, bool):
+        return False, "the earlier probe's record has no time"
+    if previous.get("instance_id") != instance_id:
+        return False, "the earlier probe was of another instance"
+    if not pin or reuse_doc.get("pin") != pin:
+        return False, "the host key pin is not the one the earlier probe met"
+    if reuse_doc.get("inputs") != inputs_digest:
+        return False, "the earlier probe was asked other things (paths, GPUs, interpreter or profile)"
+    if previous.get("verdict") not in ("ok", "warn"):
+        return False, "the earlier probe found a blocking problem"
+    age = now - taken
+    if age < 0 or age > max_age_s:
+        return False, "the earlier probe is %d s old (reused up to %d s)" % (age, max_age_s)
+    return True, "reused, taken %d s ago" % age

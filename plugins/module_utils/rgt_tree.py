@@ -536,3 +536,31 @@ def remove_extra(root, extra, keep):
         except OSError:
             pass
     return removed
+
+
+def manifest_step(src, ignore_file=None, files_from=None, crlf="allow"):
+    """rgt_tree_manifest's whole step (the action plugin runs it in Ansible's worker on the controller, the module
+    file in a process of its own): (doc, warnings, failure message or None). Writes the NUL-separated list to
+    files_from (its directory made 0700, the file 0600) unless it fails."""
+    try:
+        doc = build_manifest(src, ignore_file)
+    except TreeError as exc:
+        return None, [], "cannot manifest %s: %s" % (src, exc)
+    warnings = ["skipping symlink %s (rgt never follows or ships symlinks; copy the target into the tree)" % rel
+                for rel in doc["symlinks"]]
+    warnings += ["skipping non-regular file %s" % rel for rel in doc["special"]]
+    warnings += ["skipping %s: the name is not valid UTF-8" % rel for rel in doc["undecodable"]]
+    warnings += ["skipping %s: a backslash or a drive prefix in a name means another path on another machine"
+                 % rel for rel in doc["unsafe"]]
+    doc["files_from"] = None
+    if doc["crlf_scripts"] and crlf == "refuse":
+        return doc, warnings, crlf_refusal(doc["src"], doc["crlf_scripts"])
+    if files_from:
+        directory = os.path.dirname(files_from) or "."
+        if not os.path.isdir(directory):
+            os.makedirs(directory, 0o700)
+        fd = os.open(files_from, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(files_from_bytes(doc["manifest"]))
+        doc["files_from"] = files_from
+    return doc, warnings, None

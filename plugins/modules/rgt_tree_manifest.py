@@ -137,55 +137,29 @@ files_from:
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_tree import (
-    TreeError,
-    build_manifest,
-    crlf_refusal,
-    files_from_bytes,
+from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_tree import manifest_step
+
+ARGUMENT_SPEC = dict(
+    src=dict(type="path", required=True),
+    ignore_file=dict(type="path"),
+    files_from=dict(type="path"),
+    crlf=dict(type="str", choices=["refuse", "allow"], default="allow"),
 )
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            src=dict(type="path", required=True),
-            ignore_file=dict(type="path"),
-            files_from=dict(type="path"),
-            crlf=dict(type="str", choices=["refuse", "allow"], default="allow"),
-        ),
-        supports_check_mode=True,
-    )
-    src = module.params["src"]
-    try:
-        doc = build_manifest(src, module.params["ignore_file"])
-    except TreeError as exc:
-        module.fail_json(msg="cannot manifest %s: %s" % (src, exc))
-    for rel in doc["symlinks"]:
-        module.warn("skipping symlink %s (rgt never follows or ships symlinks; copy the target into the tree)"
-                    % rel)
-    for rel in doc["special"]:
-        module.warn("skipping non-regular file %s" % rel)
-    for rel in doc["undecodable"]:
-        module.warn("skipping %s: the name is not valid UTF-8" % rel)
-    for rel in doc["unsafe"]:
-        module.warn("skipping %s: a backslash or a drive prefix in a name means another path on another machine"
-                    % rel)
-    if doc["crlf_scripts"] and module.params["crlf"] == "refuse":
-        module.fail_json(msg=crlf_refusal(doc["src"], doc["crlf_scripts"]), files_from=None, **doc)
-    doc["files_from"] = None
-    target = module.params["files_from"]
-    if target:
-        directory = os.path.dirname(target) or "."
-        if not os.path.isdir(directory):
-            os.makedirs(directory, 0o700)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(files_from_bytes(doc["manifest"]))
-        doc["files_from"] = target
+    # rgt-run's plays run the action plugin of the same name (plugins/action/rgt_tree_manifest.py: the same step
+    # in Ansible's worker, no module process); this file is what ansible-doc shows and a plain module run uses
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    doc, warnings, failure = manifest_step(params["src"], params["ignore_file"], params["files_from"],
+                                           params["crlf"])
+    for warning in warnings:
+        module.warn(warning)
+    if failure:
+        module.fail_json(msg=failure, **(doc or {}))
     module.exit_json(changed=False, **doc)
 
 

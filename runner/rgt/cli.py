@@ -20,7 +20,6 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -137,7 +136,9 @@ the box (read from this shell, never stored).""", {}),
     "train": ("smoke, probe, check, upload your code and start the job detached, then return", """\
 Start your job: smoke on this machine, probe and check each box, upload your code (resumably; every file's
 SHA-256 is verified on the box), then start the job detached so it survives your SSH session, and return. Running
-it again while the run is live changes nothing and says so. Follow it with `rgt-run watch`, `rgt-run pull` and
+it again while the run is live changes nothing and says so. A box probed less than 5 minutes ago (the same
+instance behind the same pinned host key, no blocking finding) is not probed again: the summary says `probe:
+reused` (-e rgt_probe_again=true probes anyway). Follow it with `rgt-run watch`, `rgt-run pull` and
 `rgt-run teardown` (or run all of it with `rgt-run lifecycle`).""", {}),
 }
 
@@ -211,7 +212,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                               epilog="A playbook name or path works as a command too: rgt-run playbooks/train.yml "
                                      "-i INVENTORY (playbooks: " + ", ".join(playbook_names()) + ").\n"
                                      "`rgt-run COMMAND --help` tells more about each command.")
-    p.add_argument("--version", action="version", version=f"rgt-run {version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for command in table.values():
         if only is None or command.name == only:
@@ -229,8 +230,18 @@ def playbook_parser(prog: str = "rgt-run PLAYBOOK") -> argparse.ArgumentParser:
     return p
 
 
+class _Version(argparse.Action):
+    """--version, asked only when given (importlib.metadata and the distribution's metadata: 30 ms of a start)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stdout.write(f"rgt-run {version()}\n")
+        parser.exit()
+
+
 def version() -> str:
     """The installed distribution's version; in a checkout that was never installed, pyproject.toml's."""
+    from importlib import metadata  # 30 ms of every start; only --version reads it
+
     try:
         return metadata.version("rgt")
     except metadata.PackageNotFoundError:

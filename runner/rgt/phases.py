@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -122,8 +123,23 @@ def new_ident(playbook: Path) -> str:
     return f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{playbook.stem}-{uuid.uuid4().hex[:6]}"
 
 
-def _overlay_vars(host: Host) -> dict:
-    out = {"rgt_profile_data": host.profile}
+def pin_identity(inventory: str, host: Host) -> str:
+    """The identity of the host key pinned for the host's instance (sha256 of its known_hosts lines), which a
+    reused probe must have met (roles/probe, rgt_probe_eval.reuse); "local" for a host reached without SSH, ""
+    when nothing is pinned (never reused)."""
+    if host.is_local:
+        return "local"
+    alias = host.vars.get("rgt_instance_id")
+    try:
+        lines = sorted(line.strip() for line in known_hosts_file(inventory, host).read_text().splitlines()
+                       if line.strip() and line.split(" ", 1)[0] == alias)
+    except OSError:
+        return ""
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest() if lines else ""
+
+
+def _overlay_vars(host: Host, inventory: str) -> dict:
+    out = {"rgt_profile_data": host.profile, "rgt_pin_id": pin_identity(inventory, host)}
     if host.recalled:
         out.update(rgt_job=host.recalled["job"], monitor_other_run_ids=host.other_runs)
     out.update(host.overlay)
@@ -158,6 +174,8 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     # a meter stop's confirmation only from `rgt-run teardown` (its channel), whatever the play sets or includes
     evars.update(confirmation.pins(evars.get(confirmation.CHANNEL)))
     evars["rgt_ledger_dir"] = str(ledger)
+    # controller scratch files of the roles (upload_resume's file lists): removed with the private dir
+    evars["rgt_controller_scratch_dir"] = str(private / "scratch")
     # on a terminal only: the roles' rsync writes progress files there and a live line per host shows them
     tail = ProgressTail(console, private / "progress")
     evars.update(tail.extravars())
@@ -178,7 +196,7 @@ def run_playbook(playbook: Path, inventory: str, hosts: list[Host], *, ledger: P
     # as validated once by load_hosts (roles/run_context uses it instead of loading and validating it again),
     # and, for a host with no job spec, its run remembered in the ledger (rgt.memory).
     overlay = private / "runner-inventory.json"
-    overlay.write_text(json.dumps({"all": {"hosts": {h.name: _overlay_vars(h) for h in hosts}}}))
+    overlay.write_text(json.dumps({"all": {"hosts": {h.name: _overlay_vars(h, inventory) for h in hosts}}}))
     sources = [str(Path(inventory).resolve()), str(overlay)]
     try:
         tail.start()

@@ -117,6 +117,10 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
         if probe:
             findings = _findings_rule.worst_first(probe.get("findings", []))
             entry["probe"] = {"verdict": probe.get("verdict"), "findings": findings}
+            probed = probe.get("probed") if isinstance(probe.get("probed"), dict) else {}
+            if probed.get("reused"):  # the ledger's record of a probe a moment ago (roles/probe, rgt_probe_once)
+                entry["probe"].update(reused=True, age_s=probed.get("age_s"))
+                console.print(f"  probe: reused, taken {probed.get('age_s')} s ago")
             _print_findings(console, findings)
         env = out.results.get("env_check_report") if out else None
         if env:

@@ -22,3 +22,36 @@ def test_a_probe_finding_reaches_the_user_with_its_fix(rgt, tmp_path):
     assert gpu["severity"] == "critical" and "Re-rent this box" in gpu["fix"]
     assert set(gpu) == {"id", "severity", "message", "fix", "data"}
     assert f"fix: {gpu['fix']}" in result.stderr  # the console line the user reads
+    # a probe that found a blocking problem is never reused as a pass: train probes again and refuses again
+    again = rgt("train", "-i", inv, "-e", json.dumps(job), "--tags", "probe", "--json")
+    assert again.rc == 1 and "reused" not in again.doc["hosts"]["box"]["probe"], again.stderr[-3000:]
+    assert "probe: reused" not in again.stderr
+
+
+def test_train_reuses_a_recent_probe_of_the_same_box_and_says_so(rgt, tmp_path):
+    inv = write_inventory(tmp_path / "inv", {"box": {**LOCAL, "rgt_durable_root": str(tmp_path / "durable")}})
+    job = {"rgt_job": {"name": "cpu-job", "python": "/usr/bin/python3"}}
+    record = rgt.ledger / "probe" / "box.json"
+
+    def train(*extra):
+        result = rgt("train", "-i", inv, "-e", json.dumps(job), "--tags", "probe", "--json", *extra)
+        assert result.rc == 0, result.stderr[-3000:]
+        return result
+
+    # a standalone probe always looks, and leaves its record in the ledger
+    assert rgt("probe", "-i", inv, "-e", json.dumps(job), "--json").rc == 0
+    taken = json.loads(record.read_text())["probed"]["at"]
+    reused = train()
+    assert reused.doc["hosts"]["box"]["probe"]["reused"] is True
+    assert "probe: reused, taken" in reused.stderr
+    assert json.loads(record.read_text())["probed"]["at"] == taken  # read, not taken again
+    # asked to probe again, it does (and says nothing of a reuse)
+    fresh = train("-e", "rgt_probe_again=true")
+    assert "reused" not in fresh.doc["hosts"]["box"]["probe"]
+    assert json.loads(record.read_text())["probed"]["at"] > taken
+    # an older record than the window is probed again
+    doc = json.loads(record.read_text())
+    doc["probed"]["at"] -= 301
+    record.write_text(json.dumps(doc))
+    stale = train()
+    assert "reused" not in stale.doc["hosts"]["box"]["probe"] and "probe: reused" not in stale.stderr

@@ -69,9 +69,11 @@ def test_without_the_runner_the_named_profile_is_loaded_and_the_defaults_are_one
     assert _play(tmp_path, {}) == {"profile": "generic_ssh", "project": "rgt", "run_id": None}
 
 
-def test_the_runner_passes_each_hosts_validated_profile_in_its_own_inventory_source():
+def test_the_runner_passes_each_hosts_validated_profile_in_its_own_inventory_source(tmp_path):
     host = Host(name="box", vars={"rgt_profile": "runpod"}, profile={"name": "runpod", "roots": {}})
-    assert _overlay_vars(host) == {"rgt_profile_data": {"name": "runpod", "roots": {}}}
+    # and the identity of its pinned host key (a reused probe must have met the same one): none pinned, none
+    assert _overlay_vars(host, str(tmp_path)) == {"rgt_profile_data": {"name": "runpod", "roots": {}},
+                                                  "rgt_pin_id": ""}
 
 
 def test_only_the_runner_passes_a_validated_profile(tmp_path):

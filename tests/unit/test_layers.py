@@ -30,6 +30,7 @@ WHY_INSIDE = {
     ("k8s", ("kubernetes_validate",)): "an optional dependency (the k8s extra): its absence is named where "
                                        "manifests are validated",
     ("cli", ("argcomplete",)): "3 ms; only a shell completing needs it",
+    ("cli", ("importlib",)): "30 ms (importlib.metadata); only --version reads the distribution's metadata",
     ("cli", ("tomllib",)): "2 ms; only --version in a checkout that was never installed reads pyproject.toml",
     ("notify", ("urllib.request", "urllib.error", "http.client")): "9 ms with ssl; only a webhook's post needs them",
 }
