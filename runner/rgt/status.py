@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import endings, errors, memory, notify, output, paths, runreport, sweeps
+from rgt import endings, errors, memory, move, notify, output, paths, runreport, sweeps
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -367,6 +367,9 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             continue
         ticks += 1
         docs = poll(args, console, [by_name[n] for n in due], extravars, ledger)
+        # a run `rgt-run move` took away: its stale attempt on a box that answers again is stopped (rgt.move)
+        move.fence(args.inventory, console, [by_name[n] for n in due if docs[n].get("state") != "unreachable"],
+                   extravars, ledger, events)
         mono, now = _monotonic(), time.time()
         to_resume = []
         keys: dict[str, tuple] = {}
