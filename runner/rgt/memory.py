@@ -5,8 +5,9 @@
 (the box it was launched on), "sweep" (a sweep's cell: the sweep's name, else null), "launched_at" (the newest
 attempt's launch), "first_launched_at" (the run's first), "attempt", "state", "detach", "session", "code_dir" (on
 the box), "recorded_at"}}}; a run `rgt-run move` took away: "moved_to", "moved_at", "generation" (and "fence",
-"fenced_at" once watch fenced it) on the old host, "generation", "moved_from", "move" on the new one (rgt.move). Written after every train or launch play for each host whose launch reported a run
-(each cell of a sweep too); read by every command that acts on runs already launched and by `rgt-run runs`.
+"fenced_at" once watch fenced it) on the old host, "generation", "moved_from", "move" on the new one (rgt.move).
+Written after every train or launch play for each host whose launch reported a run (each cell of a sweep too); read
+by every command that acts on runs already launched and by `rgt-run runs`.
 
 A host's runs (`host_runs`, the one list every command acts on): every run remembered for it (its project, its
 current instance) and every cell a sweep's roster (`<ledger>/sweeps/<project>/<name>.json`, rgt.rosters) places on
