@@ -43,3 +43,24 @@ def test_no_verified_checkpoint_is_bad_input_naming_the_run(tmp_path, monkeypatc
     with pytest.raises(InputError) as err:  # nothing offloaded at all
         move.fetch_checkpoint(f"loc:{tmp_path / 'target'}", "rgt", "r2", tmp_path / "stage2")
     assert err.value.field in ("RUN", "rgt_job.offload.to")
+
+
+def test_the_ledger_moves_the_run_and_keeps_its_generation_across_relaunches(tmp_path):
+    from types import SimpleNamespace
+
+    from rgt import memory
+
+    job = {"name": "r1", "command": "true"}
+    memory.record_launch(tmp_path, "old", "i-old", "rgt", job, {"action": "launch", "attempt": 3, "state": "running"})
+    memory.record_launch(tmp_path, "new", "i-new", "rgt", job, {"action": "launch", "attempt": 1, "state": "running"})
+    memory.record_move(tmp_path, "old", "new", "rgt", "r1", 2, {"at": "now", "work_lost_steps": 7})
+    old = SimpleNamespace(name="old", project="rgt", instance_id="i-old")
+    new = SimpleNamespace(name="new", project="rgt", instance_id="i-new")
+    assert memory.host_runs(tmp_path, old) == []  # status, logs, pull follow the run to its new host
+    assert [r["run_id"] for r in memory.host_runs(tmp_path, new)] == ["r1"]
+    assert [(r["moved_to"], r["generation"]) for r in memory.moved_away(tmp_path, "old")] == [("new", 1)]
+    memory.record_launch(tmp_path, "new", "i-new", "rgt", job, {"action": "relaunch", "attempt": 2, "state": "running"})
+    entry = memory.runs_of(tmp_path, "new")[0]
+    assert (entry["generation"], entry["moved_from"], entry["attempt"]) == (2, "old", 2)
+    memory.record_fence(tmp_path, "old", "rgt", "r1", {"was_live": True})
+    assert memory.moved_away(tmp_path, "old")[0]["fence"] == {"was_live": True}
