@@ -324,3 +324,25 @@ def fence(inventory: str, console: Console, hosts: list, extravars: dict, ledger
             append_jsonl(events, entry)
             done.append(entry)
     return done
+
+
+def left_behind(console: Console, ledger: Path, hosts: list) -> list:
+    """`rgt-run status`: a host given no job whose runs the ledger knows were all moved away is not looked at (it
+    holds no run of yours any more): one line per run says where it went. The other hosts, in order."""
+    kept = []
+    for host in hosts:
+        try:
+            moved = memory.moved_away(ledger, host.name) if not isinstance(host.vars.get("rgt_job"), dict) else []
+        except InputError:
+            moved = []
+        if not moved:
+            kept.append(host)
+            continue
+        for run in moved:
+            there = memory.runs_of(ledger, run["moved_to"])
+            line = next((r.get("move") for r in there if r.get("run_id") == run["run_id"] and r.get("move")), None)
+            lost = f", work lost {line['work_lost_steps']} steps" if line and line.get("work_lost_steps") is not None \
+                else ""
+            console.print(f"{escape(host.name)}: {escape(run['run_id'])} moved to {escape(run['moved_to'])} "
+                          f"(generation {int(run.get('generation') or 1) + 1}{lost})", highlight=False)
+    return kept

@@ -172,6 +172,7 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(args.ledger)
+    hosts = move.left_behind(console, ledger, hosts)  # a host whose runs all moved away (rgt.move): one line
     docs = poll(args, console, hosts, extravars, ledger)
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)

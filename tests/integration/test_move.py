@@ -74,6 +74,12 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
         weights = box(adl, f"sha256sum {NEW_RUNS}/mv/out/weights.bin").split()[0]
         assert weights == reference_weights(tmp_path, STEPS)
 
+        # status follows the run to adl and says where it went
+        looked = rgt("status", "-i", inv, "--json", timeout=240)
+        assert looked.rc in (0, 5), looked.stderr  # 5: adl's own offload has no rclone there (attention)
+        assert list(json.loads(looked.stdout)["hosts"]) == ["adl"], looked.stdout
+        assert f"rp: mv moved to adl (generation 2, work lost {doc['work_lost_steps']} steps)" in looked.stderr
+
         # the ledger: the run lives on adl now; the move and the work lost recorded
         old = json.loads((rgt.ledger / "runs" / "rp.json").read_text())["runs"]["rgt/mv"]
         new = json.loads((rgt.ledger / "runs" / "adl.json").read_text())["runs"]["rgt/mv"]
