@@ -194,6 +194,8 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
         _playbook, hosts, extravars = prepare(ns)
         project = hosts[0].project
         got = fetch_checkpoint(_offload.settings(job)["to"], entry.get("project") or project, args.run, stage)
+        for skipped in got["skipped"]:
+            console.print(f"[yellow]skipped[/yellow] a newer copy that does not verify: {escape(skipped)}")
         last = _old_last_step(ledger, old, args.run)
         lost = max(0, last - got["step"]) if last is not None and got["step"] is not None else None
         console.print(f"[bold]rgt move[/bold] {escape(args.run)}: {escape(old)} -> {escape(args.to)}, from "
