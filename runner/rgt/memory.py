@@ -4,8 +4,10 @@
 {"run_id", "project", "job" (the job spec as launched: names of secrets only, local paths absolute), "instance_id"
 (the box it was launched on), "sweep" (a sweep's cell: the sweep's name, else null), "launched_at" (the newest
 attempt's launch), "first_launched_at" (the run's first), "attempt", "state", "detach", "session", "code_dir" (on
-the box), "recorded_at"}}}. Written after every train or launch play for each host whose launch reported a run
-(each cell of a sweep too); read by every command that acts on runs already launched and by `rgt-run runs`.
+the box), "recorded_at"}}}; a run `rgt-run move` took away: "moved_to", "moved_at", "generation" (and "fence",
+"fenced_at" once watch fenced it) on the old host, "generation", "moved_from", "move" on the new one (rgt.move).
+Written after every train or launch play for each host whose launch reported a run (each cell of a sweep too); read
+by every command that acts on runs already launched and by `rgt-run runs`.
 
 A host's runs (`host_runs`, the one list every command acts on): every run remembered for it (its project, its
 current instance) and every cell a sweep's roster (`<ledger>/sweeps/<project>/<name>.json`, rgt.rosters) places on
@@ -79,6 +81,9 @@ def record_launch(ledger: Path, host: str, instance_id: str, project: str, job: 
         "launched_at": previous.get("launched_at") if report.get("action") in (None, "none") else now,
         "attempt": report.get("attempt"), "state": report.get("state"), "detach": report.get("detach"),
         "session": report.get("session"), "code_dir": report.get("code_dir"), "recorded_at": now}
+    for kept in ("generation", "moved_from"):  # a move's fence (rgt.move) outlives the run's relaunches
+        if previous.get(kept) is not None:
+            entry[kept] = previous[kept]
     if entry["launched_at"] is None:
         entry["launched_at"] = now
     # launched_at is the newest attempt's launch; the run started with its first one (`rgt-run runs`: started)
@@ -87,6 +92,37 @@ def record_launch(ledger: Path, host: str, instance_id: str, project: str, job: 
     doc["runs"][key] = entry
     atomic_write_json(_path(ledger, host), doc)
     return entry
+
+
+def record_move(ledger: Path, old: str, new: str, project: str, run_id: str, generation: int, move: dict) -> None:
+    """After `rgt-run move` started the run on `new`: the old host's entry says where the run went (`moved_to`,
+    `moved_at`, its own `generation`: a stale attempt there is fenced by it), the new host's entry holds the run's
+    generation and where it came from. The run is then one of the new host's runs only (host_runs)."""
+    doc = read_runs(ledger, old)
+    key = run_key(project, run_id)
+    if doc and key in doc["runs"]:
+        run = doc["runs"][key]
+        run.update(moved_to=new, moved_at=move.get("at"), generation=int(run.get("generation") or 1))
+        atomic_write_json(_path(ledger, old), doc)
+    doc = read_runs(ledger, new)
+    if doc and key in doc["runs"]:
+        doc["runs"][key].update(generation=generation, moved_from=old, move=move)
+        atomic_write_json(_path(ledger, new), doc)
+
+
+def record_fence(ledger: Path, host: str, project: str, run_id: str, fence: dict) -> None:
+    """The old host's entry of a moved run: what watch found and did there (`fence`, `fenced_at`): looked at once
+    the box answered, its stale attempt stopped when it was live."""
+    doc = read_runs(ledger, host)
+    key = run_key(project, run_id)
+    if doc and key in doc["runs"]:
+        doc["runs"][key].update(fence=fence, fenced_at=datetime.now(UTC).isoformat(timespec="seconds"))
+        atomic_write_json(_path(ledger, host), doc)
+
+
+def moved_away(ledger: Path, host: str) -> list[dict]:
+    """The runs of a host that `rgt-run move` took to another host (each with `moved_to` and `generation`)."""
+    return [r for r in runs_of(ledger, host) if r.get("moved_to")]
 
 
 def runs_of(ledger: Path, host: str) -> list[dict]:
@@ -142,7 +178,8 @@ def host_runs(ledger: Path, host) -> list[dict]:
     instance = str(host.instance_id)
     remembered = {r["run_id"]: r for r in doc.get("runs", {}).values()
                   if r.get("project") == project and str(r.get("instance_id") or doc.get("instance_id")
-                                                          or instance) == instance}
+                                                          or instance) == instance
+                  and not r.get("moved_to")}  # a run `rgt-run move` took away is the new host's
     units: list[tuple[str, list[dict]]] = []
     taken: set[str] = set()
     for roster in rosters.project_rosters(ledger, project):

@@ -149,7 +149,7 @@ def unknown_command(name: str, subcommands: list[str] | tuple[str, ...] = ()) ->
 # The programs a command runs on this machine (the controller), checked before any box is touched: rsync for the
 # plays whose roles move files (upload_resume in train, collect: local boxes too), ssh for every box reached over
 # SSH (any play but the smoke, which runs here; status and logs too), kubectl for a Kubernetes host.
-RSYNC_PLAYBOOKS = ("train", "upload_resume", "collect")
+RSYNC_PLAYBOOKS = ("train", "upload_resume", "collect", "move")
 LOCAL_PLAYBOOKS = ("smoke",)  # run on this machine only: no box is reached
 DEBIAN_PACKAGES = {"rsync": "rsync", "ssh": "openssh-client"}
 

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import budget, endings, errors, memory, notify, output, paths, runreport, service, sweeps, unattended
+from rgt import budget, endings, errors, memory, move, notify, output, paths, runreport, service, sweeps, unattended
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.prepare import prepare_hosts
@@ -177,6 +177,7 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     hosts, extravars = prepare_hosts(args)
     ledger = ledger_dir(args.ledger)
+    hosts = move.left_behind(console, ledger, hosts)  # a host whose runs all moved away (rgt.move): one line
     docs = poll(args, console, hosts, extravars, ledger)
     budget.annotate(every_run(docs))  # spend/budget of each run with rgt_job.budget_usd (its column, --json)
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
@@ -377,6 +378,9 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             continue
         ticks += 1
         docs = poll(args, console, [by_name[n] for n in due], extravars, ledger)
+        if not watching.follow:  # a run `rgt-run move` took away: its stale attempt on a box that answers again
+            move.fence(args.inventory, console,  # is stopped (rgt.move)
+                       [by_name[n] for n in due if docs[n].get("state") != "unreachable"], extravars, ledger, events)
         mono, now = _monotonic(), time.time()
         to_resume = []
         keys: dict[str, tuple] = {}

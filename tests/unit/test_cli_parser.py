@@ -8,7 +8,7 @@ import pytest
 from rgt import cli
 
 SUBCOMMANDS = ["init", "profiles", "pin", "smoke", "probe", "env_check", "train", "status", "watch", "service", "logs",
-               "retry", "pull", "teardown", "lifecycle", "runs", "report"]
+               "move", "retry", "pull", "teardown", "lifecycle", "runs", "report"]
 INTERNALS = ["design.md", "§", "internals.md", "rgt_status", "rgt_gate", "rgt_tree", "teardown_plan_only",
              "module", "rgt.cli", "monitor.yml", "launch_detached.yml"]
 

