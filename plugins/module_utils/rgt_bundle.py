@@ -59,6 +59,8 @@ Spec = collections.namedtuple("Spec", "layout source entry about")
 BUNDLES = collections.OrderedDict([
     ("status", Spec(PACKAGED, UTILS_REL + "/rgt_statusround.py", "__main__.py",
                     "the status round's zipapp: status documents, log reads, sweep rosters (runner/rgt/sshround.py)")),
+    ("seal", Spec(PACKAGED, UTILS_REL + "/rgt_sealround.py", "__main__.py",
+                  "the pull round's zipapp: every run of a box sealed in one call (runner/rgt/pullround.py)")),
     ("wrapper", Spec(FLAT, "roles/launch_detached/files/rgt_wrapper.py", "wrapper.py",
                      "the job wrapper, installed in <run_dir>/.rgt/ by rgt_launch and the Kubernetes stage")),
     ("queue", Spec(FLAT, "roles/launch_detached/files/rgt_queue.py", "queue.py",
