@@ -59,8 +59,6 @@ Spec = collections.namedtuple("Spec", "layout source entry about")
 BUNDLES = collections.OrderedDict([
     ("status", Spec(PACKAGED, UTILS_REL + "/rgt_statusround.py", "__main__.py",
                     "the status round's zipapp: status documents, log reads, sweep rosters (runner/rgt/sshround.py)")),
-    ("seal", Spec(PACKAGED, UTILS_REL + "/rgt_sealround.py", "__main__.py",
-                  "the pull round's zipapp: every run of a box sealed in one call (runner/rgt/pullround.py)")),
     ("wrapper", Spec(FLAT, "roles/launch_detached/files/rgt_wrapper.py", "wrapper.py",
                      "the job wrapper, installed in <run_dir>/.rgt/ by rgt_launch and the Kubernetes stage")),
     ("queue", Spec(FLAT, "roles/launch_detached/files/rgt_queue.py", "queue.py",
@@ -71,6 +69,8 @@ BUNDLES = collections.OrderedDict([
                       "the Kubernetes seal pod's closeout (runner/rgt/k8s_engine.py)")),
     ("ckpt_loader", Spec(FLAT, UTILS_REL + "/rgt_manifest.py", "rgt_manifest.py",
                          "the checkpoint load check run by the job's python (rgt_closeout loader_bundle)")),
+    ("seal", Spec(PACKAGED, UTILS_REL + "/rgt_sealround.py", "__main__.py",
+                  "the pull round's zipapp: every run of a box sealed in one call (runner/rgt/pullround.py)")),
 ])
 
 
