@@ -370,6 +370,8 @@ def pull(args: argparse.Namespace, hosts: list[Host], runs: dict[str, list[dict]
     targets = {h.name: sshround.target_for(args.inventory, h, extravars, cfg) for h in hosts}
     if not args.verify_only:
         bundle.seal_zipapp()  # once, before the threads start
+    for name in ("rgt_pullverify", "rgt_rsync", "rgt_manifest"):
+        paths.module_util(name)  # loaded here, not by the threads
     per_run: dict[str, list[HostOutcome]] = {}
     with tempfile.TemporaryDirectory(prefix="rgt-pull-progress-") as scratch:
         tail = ProgressTail(console, Path(scratch) / "progress")
@@ -388,7 +390,8 @@ def pull(args: argparse.Namespace, hosts: list[Host], runs: dict[str, list[dict]
             ok=sum(o.ok for o in outcomes), changed=sum(o.changed for o in outcomes),
             failed=any(o.failed for o in outcomes), unreachable=any(o.unreachable for o in outcomes),
             host_key_mismatch=any(o.host_key_mismatch for o in outcomes),
-            messages=[m for o in outcomes for m in o.messages], warnings=[w for o in outcomes for w in o.warnings])
+            messages=list(dict.fromkeys(m for o in outcomes for m in o.messages)),
+            warnings=[w for o in outcomes for w in o.warnings])
     if any(o.failed or o.unreachable for o in result.hosts.values()):
         result.rc, result.status = 2, "failed"
     return result, per_run
