@@ -186,7 +186,10 @@ BOX_ROOT = "/root/bench"
 FINISHED = ('printf \'%s\\n\' \'{"attempt": 1, "started_at": "2026-01-01T00:00:00Z"}\' '
             '\'{"attempt": 1, "ended_at": "2026-01-01T00:10:00Z", "rc": 0, "reason": "finished"}\' '
             '> "$r/.rgt/attempts.jsonl"; echo \'{"attempt": 1, "rc": 0, "signal": null, "reason": "finished"}\' '
-            '> "$r/.rgt/exit.json"; echo "step=10 loss=0.5" > "$r/logs/job.log"')
+            '> "$r/.rgt/exit.json"; printf \'== rgt attempt 1 started 2026-01-01T00:00:00Z resume_from=\\n'
+            'step=10 loss=0.5\\n\' > "$r/logs/job.log"; printf \'{"schema": 1, "run_id": "%s", "project": "proj", '
+            '"run_dir": "%s", "outputs": [], "log_patterns": {}, "heartbeat_interval_s": 5}\' "$id" "$r" '
+            '> "$r/.rgt/job.json"')
 
 
 def box_runs(stub, run_ids: list[str], make_out: str) -> None:
@@ -242,10 +245,27 @@ def ssh_single(args, work: Path) -> dict:
         sh.down(tag=tag)
 
 
+def remember_sweep(ledger: Path, name: str, size: int, stubs: list, cells: dict) -> None:
+    """The ledger's records of a sweep as `rgt-run train` leaves them: its roster, and each cell as a run."""
+    from rgt import memory, rosters
+    from rgt.ledger import atomic_write_json
+
+    job = {"name": name, "outputs": [], "sweep": {"matrix": {"seed": list(range(size))}}}
+    atomic_write_json(rosters.roster_path(ledger, "proj", name), {
+        "schema": rosters.ROSTER_SCHEMA, "sweep": name, "project": "proj", "job": job,
+        "created_at": "2026-12-02T00:00:00+00:00",
+        "cells": [{"id": c, "host": s.name, "params": {"seed": int(c.rsplit("=", 1)[1])}}
+                  for s in stubs for c in cells[s.name]]})
+    for s in stubs:
+        for cell in cells[s.name]:
+            memory.record_launch(ledger, s.name, s.instance_id, "proj", {"name": cell, "outputs": []},
+                                 {"state": "finished", "attempt": 1, "action": "launched", "detach": "nohup"},
+                                 sweep=name)
+
+
 def sweep(args, work: Path) -> dict:
     """A finished sweep of each size on 2 stub boxes: `rgt-run pull` (every cell) vs one rsync per box + sha256sum."""
     sys.path.insert(0, str(REPO / "runner"))
-    from rgt import memory
 
     sizes = [int(n) for n in args.sweep.split(",")]
     sh, tag, stubs, inv = stubs_up(work, 2)
@@ -257,19 +277,19 @@ def sweep(args, work: Path) -> dict:
            "sizes": {}}
     try:
         for size in sizes:
-            rows = {"rgt": [], "baseline": [], "play": []}
+            rows = {"rgt": [], "baseline": [], "play": [], "report": []}
             for i in range(args.rounds + (1 if args.play and size == sizes[0] else 0)):
                 name = f"sw{size}r{i}"
                 ledger = work / "ledger"
                 shutil.rmtree(ledger, ignore_errors=True)
-                cells = {s.name: [f"{name}-c{k:03d}" for k in range(j, size, len(stubs))]
+                cells = {s.name: [f"{name}--seed={k}" for k in range(j, size, len(stubs))]
                          for j, s in enumerate(stubs)}
                 with ThreadPoolExecutor(max_workers=2) as pool:
                     list(pool.map(box_runs, stubs, [cells[s.name] for s in stubs], [make] * len(stubs)))
-                for s in stubs:
-                    for cell in cells[s.name]:
-                        memory.record_launch(ledger, s.name, s.instance_id, "proj", {"name": cell, "outputs": []},
-                                             {"state": "finished", "attempt": 1, "action": "launched"}, sweep=name)
+                remember_sweep(ledger, name, size, stubs, cells)
+                # the sweep was watched to its end: the ledger holds each box's settled status (the report reuses it)
+                subprocess.run([str(VENV / "rgt-run"), "status", "-i", str(inv), "--json"], capture_output=True,
+                               env=env(work), timeout=600, check=False)
                 runs = work / f"runs-{name}"
                 play = args.play and i == args.rounds
                 took, doc = rgt_pull_inv(inv, runs, work, *(["-e", f"collect_runs_dir={runs}"] if play else []))
@@ -278,6 +298,12 @@ def sweep(args, work: Path) -> dict:
                 assert len(verified) == size, doc
                 rows["play" if play else "rgt"].append(took)
                 if not play:
+                    # the report the pull wrote beside the verified cells, written again by itself: what of the
+                    # pull's time is the report (runreport.after_pull), not the pull round
+                    t0 = time.perf_counter()
+                    subprocess.run([str(VENV / "rgt-run"), "report", "-i", str(inv), "--runs-dir", str(runs)],
+                                   capture_output=True, env=env(work), timeout=600, check=True)
+                    rows["report"].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     with ThreadPoolExecutor(max_workers=2) as pool:
                         list(pool.map(lambda s: ssh_rsync_sha(s, f"{BOX_ROOT}/proj/active", work / f"b-{s.name}"),
@@ -288,12 +314,17 @@ def sweep(args, work: Path) -> dict:
                     s.exec(f"rm -rf {BOX_ROOT}/proj/active/{name}-* {BOX_ROOT}/proj/export/{name}-*")
                 shutil.rmtree(runs, ignore_errors=True)
             med = {k: statistics.median(v) for k, v in rows.items() if v}
-            out["sizes"][size] = {"rgt_s": round(med["rgt"], 2), "baseline_s": round(med["baseline"], 2),
+            bare = statistics.median(a - b for a, b in zip(rows["rgt"], rows["report"], strict=True))
+            out["sizes"][size] = {"rgt_s": round(med["rgt"], 2), "report_s": round(med["report"], 2),
+                                  "rgt_without_report_s": round(bare, 2), "baseline_s": round(med["baseline"], 2),
                                   "ratio": round(med["rgt"] / med["baseline"], 2),
+                                  "ratio_without_report": round(bare / med["baseline"], 2),
                                   **({"play_s": round(med["play"], 2)} if "play" in med else {})}
         if len(sizes) > 1:
             lo, hi = sizes[0], sizes[-1]
             out["per_extra_cell_s"] = round((out["sizes"][hi]["rgt_s"] - out["sizes"][lo]["rgt_s"]) / (hi - lo), 4)
+            out["per_extra_cell_without_report_s"] = round(
+                (out["sizes"][hi]["rgt_without_report_s"] - out["sizes"][lo]["rgt_without_report_s"]) / (hi - lo), 4)
             out["baseline_per_extra_cell_s"] = round(
                 (out["sizes"][hi]["baseline_s"] - out["sizes"][lo]["baseline_s"]) / (hi - lo), 4)
         return out
