@@ -1,7 +1,10 @@
-"""`rgt-run pull`: seal each box's finished run, pull it and verify every byte (playbooks/collect.yml).
+"""`rgt-run pull`: seal each box's finished run, pull it and verify every byte.
 
 Which runs: with a job spec, the run it names (a sweep: each of its cells); without one, every run the ledger
-remembers on each host (rgt.memory.host_runs: single runs and sweep cells), one collect play per run. Per run:
+remembers on each host (rgt.memory.host_runs: single runs and sweep cells). An SSH box pulls all of them in one
+pull round (rgt.pullround: one seal call, one rsync, the verification here; the hosts in parallel); a host the
+round cannot stand in for (a local connection, a value only Ansible can evaluate, --check) and a Kubernetes host
+pull through their engine, one collect play (or seal pod) per run (playbooks/collect.yml). Per run:
 "verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files named), then a
 `log <path>: <reason>` line for each log the seal capped or could not seal. `--verify-only` re-verifies the local
 copy without touching the box. Exit codes: 3 a host key does not match its pin, else 1 any
