@@ -69,6 +69,8 @@ BUNDLES = collections.OrderedDict([
                       "the Kubernetes seal pod's closeout (runner/rgt/k8s_engine.py)")),
     ("ckpt_loader", Spec(FLAT, UTILS_REL + "/rgt_manifest.py", "rgt_manifest.py",
                          "the checkpoint load check run by the job's python (rgt_closeout loader_bundle)")),
+    ("seal", Spec(PACKAGED, UTILS_REL + "/rgt_sealround.py", "__main__.py",
+                  "the pull round's zipapp: every run of a box sealed in one call (runner/rgt/pullround.py)")),
 ])
 
 

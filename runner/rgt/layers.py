@@ -13,8 +13,8 @@ of a subpackage is named with its package, dotted (`engines.ssh`: runner/rgt/eng
 - engines: where a run is launched, looked at, pulled and stopped: the engines behind one interface (the package
   engines: its table and the choice of a host's engine; engines.base the interface; engines.ssh boxes and Slurm's
   login node over SSH plays; engines.kubernetes Kubernetes), plays through ansible-runner (phases), the SSH
-  status round (sshround) and the code it ships (bundle), the status documents' shapes (observe), Kubernetes (k8s
-  manifests, k8s_engine's kubectl, k8s_run).
+  status round (sshround) and the code it ships (bundle), the pull round (pullround), the status documents' shapes
+  (observe), Kubernetes (k8s manifests, k8s_engine's kubectl, k8s_run).
 - core: the facts every layer reads and writes, reaching no box: errors, paths, the ledger and its records (runs
   remembered, sweep rosters), inventory, job spec, profiles, output.
 - module_utils: plugins/module_utils/, the collection's code shared with the box (Python 3.6+, stdlib only),
@@ -32,7 +32,7 @@ LAYERS: dict[str, list[str]] = {
     "commands": ["budget", "init", "lifecycle", "logs", "move", "notify", "pin", "plan", "play", "prepare", "pull",
                  "report", "retry", "runreport", "runs", "service", "status", "teardown", "unattended"],
     "engines": ["bundle", "engines", "engines.base", "engines.kubernetes", "engines.ssh", "k8s", "k8s_engine",
-                "k8s_run", "observe", "phases", "sshround"],
+                "k8s_run", "observe", "phases", "pullround", "sshround"],
     "core": ["confirmation", "endings", "errors", "events", "inventory", "jobspec", "layers", "ledger", "memory",
              "output", "paths", "profiles", "progress", "rosters", "safetext", "sweeps", "watchlock"],
     # the collection's module_utils, as they are on disk (each one is box-side code, so each one is this layer)

@@ -1,7 +1,10 @@
-"""`rgt-run pull`: seal each box's finished run, pull it and verify every byte (playbooks/collect.yml).
+"""`rgt-run pull`: seal each box's finished run, pull it and verify every byte.
 
 Which runs: with a job spec, the run it names (a sweep: each of its cells); without one, every run the ledger
-remembers on each host (rgt.memory.host_runs: single runs and sweep cells), one collect play per run. Per run:
+remembers on each host (rgt.memory.host_runs: single runs and sweep cells). An SSH box pulls all of them in one
+pull round (rgt.pullround: one seal call, one rsync, the verification here; the hosts in parallel); a host the
+round cannot stand in for (a local connection, a value only Ansible can evaluate, --check) and a Kubernetes host
+pull through their engine, one collect play (or seal pod) per run (playbooks/collect.yml). Per run:
 "verified: N files, X MB, SHA-256 match", or what failed (missing, unexpected and mismatched files named), then a
 `log <path>: <reason>` line for each log the seal capped or could not seal. `--verify-only` re-verifies the local
 copy without touching the box. Exit codes: 3 a host key does not match its pin, else 1 any
@@ -16,7 +19,7 @@ import re
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import engines, errors, memory, output, paths, runreport
+from rgt import engines, errors, memory, output, paths, pullround, runreport
 from rgt.ledger import atomic_write_json, ledger_dir, read_json, runs_dir
 from rgt.prepare import prepare
 from rgt.safetext import printable
@@ -151,9 +154,37 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
     by_name = {h.name: h for h in hosts}
     pulled: dict[str, list[dict]] = {h.name: runs_to_pull(h) for h in hosts}
     several = {name for name, runs in pulled.items() if len(runs) > 1 or any(r.get("sweep") for r in runs)}
+
+    def record(host, run: dict, doc: dict) -> None:
+        label = host.name
+        if host.name in several:
+            run_id = run["run_id"] or (host.vars.get("rgt_job") or {}).get("run_id")
+            label = f"{host.name}:{run_id}"
+            entry = docs.setdefault(host.name, {"host": host.name, "runs": {}})
+            entry["runs"][run_id] = doc
+            if run.get("sweep"):
+                entry.setdefault("cells", {})[run_id] = doc
+                entry.setdefault("sweeps", {}).setdefault(run["sweep"], []).append(run_id)
+        else:
+            docs[host.name] = doc
+        console.print(f"[{'green' if doc['verified'] else 'red'}]{escape(host_line(label, doc))}[/]")
+
+    # the SSH boxes the pull round can reach: every run of a host sealed, moved and verified together, the hosts
+    # in parallel (rgt.pullround); the others (a local connection, a host only Ansible can reach, Kubernetes)
+    # through their engine, one run per host and round
+    boxes = [h for engine, mine in engines.split(hosts) if engine.name == "ssh" for h in mine]
+    by_round = pullround.eligible(args, boxes, pulled, extravars, _point_at)
+    if by_round:
+        result, outcomes = pullround.pull(args, by_round, pulled, extravars, root, _point_at, console)
+        results.append(result)
+        for host in by_round:
+            for run, outcome in zip(pulled[host.name], outcomes[host.name], strict=True):
+                _point_at(host, run)
+                record(host, run, host_doc(host.name, outcome))
+    rest = [h for h in hosts if h not in by_round]
     # a host with several runs (a sweep's cells, or every run the ledger remembers) pulls one run per round:
     # collect acts on one run; a Kubernetes host's engine the same way
-    for index, members in enumerate(rounds(hosts)):
+    for index, members in enumerate(rounds(rest)):
         for host in members:
             _point_at(host, pulled[host.name][index])
         outcomes = []
@@ -161,20 +192,7 @@ def cmd_pull(args: argparse.Namespace, console: Console) -> int:
             results.append(engine.collect(playbook, mine, args, extravars, ledger, root, console))
             outcomes += [(h, results[-1]) for h in mine]
         for host, result in outcomes:
-            doc = host_doc(host.name, result.hosts.get(host.name))
-            label = host.name
-            if host.name in several:
-                run = pulled[host.name][index]
-                run_id = run["run_id"] or (host.vars.get("rgt_job") or {}).get("run_id")
-                label = f"{host.name}:{run_id}"
-                entry = docs.setdefault(host.name, {"host": host.name, "runs": {}})
-                entry["runs"][run_id] = doc
-                if run.get("sweep"):
-                    entry.setdefault("cells", {})[run_id] = doc
-                    entry.setdefault("sweeps", {}).setdefault(run["sweep"], []).append(run_id)
-            else:
-                docs[host.name] = doc
-            console.print(f"[{'green' if doc['verified'] else 'red'}]{escape(host_line(label, doc))}[/]")
+            record(host, pulled[host.name][index], host_doc(host.name, result.hosts.get(host.name)))
     for host in hosts:  # back on its first run (the report looks at it, and at the others beside it)
         _point_at(host, pulled[host.name][0])
     for name, entry in docs.items():

@@ -245,3 +245,36 @@ def test_user_check_command_must_pass_for_the_pull_to_verify(stub_fleet, rp_run,
     ok = pull()
     assert ok.returncode == 0, ok.out
     assert json.loads(pull.marker.read_text())["run_id"] == run_id
+
+
+def records(runs: Path, run_id: str) -> dict:
+    """What a pull of rp leaves here: every file's bytes (the marker without its verified_at; not the report, which
+    the same code writes after either)."""
+    out = {}
+    for path in sorted((runs / run_id).rglob("*")):
+        if path.is_file() and ".incoming" not in path.parts and not path.name.startswith(("report.", "rp.report.")):
+            data = path.read_bytes()
+            if path.name == "rp.PULL_VERIFIED.json":
+                data = json.dumps({k: v for k, v in json.loads(data).items() if k != "verified_at"}).encode()
+            out[str(path.relative_to(runs))] = data
+    return out
+
+
+def test_the_collect_role_and_the_pull_round_give_the_same_records(stub_fleet, rp_run, tmp_path):
+    stub, run_id, pull = rp_run
+    make_run(stub, run_id, weights_mib=1)
+    sealed = pull()  # the round seals it
+    assert sealed.returncode == 0 and sealed.doc["phase"]["playbook"] == "pull round", sealed.out
+    assert sealed.host["sealed"] and "already sealed" not in sealed.host["closeout"]
+    role_runs, round_runs = tmp_path / "runs-role", tmp_path / "runs-pull"  # of one length: the same lines
+    # a collect setting only the role reads (here the runs root pull writes into anyway) keeps the collect play
+    by_role = pull("--runs-dir", str(role_runs), "-e", f"collect_runs_dir={role_runs}")
+    by_round = pull("--runs-dir", str(round_runs))
+    assert by_role.returncode == by_round.returncode == 0, by_role.out + by_round.out
+    assert by_role.doc["phase"]["playbook"] == "playbooks/collect.yml" and \
+        by_round.doc["phase"]["playbook"] == "pull round"
+    assert records(role_runs, run_id) == records(round_runs, run_id) != {}
+    assert json.dumps(by_role.doc["hosts"]).replace(str(role_runs), "RUNS") == \
+        json.dumps(by_round.doc["hosts"]).replace(str(round_runs), "RUNS")
+    line = next(ln for ln in by_round.out.splitlines() if "verified: 6 files" in ln)
+    assert line.replace(str(round_runs), "RUNS") in by_role.out.replace(str(role_runs), "RUNS")

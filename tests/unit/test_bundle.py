@@ -58,7 +58,8 @@ def test_each_bundle_carries_exactly_the_import_closure_of_its_entry(name, tmp_p
 
 
 def test_the_bundles_are_the_ones_their_carriers_need():
-    flat = {name: list(rgt_bundle.build(name).files) for name in rgt_bundle.BUNDLES if name != "status"}
+    flat = {name: list(rgt_bundle.build(name).files) for name in rgt_bundle.BUNDLES
+            if name not in ("status", "seal")}
     layout = ["rgt_runlayout.py", "rgt_states.py"]  # rgt_runlayout imports the run-state vocabulary
     assert flat == {"wrapper": ["wrapper.py", "rgt_offload.py"] + layout, "queue": ["queue.py"] + layout,
                     "k8s_stage": ["rgt_k8s_stage.py"] + layout,
@@ -71,6 +72,9 @@ def test_the_bundles_are_the_ones_their_carriers_need():
         assert utils + util + ".py" in status
     assert utils + "rgt_cloud.py" not in status and utils + "rgt_statusround.py" not in status  # it is __main__
     assert status["__main__.py"] == (UTILS / "rgt_statusround.py").read_text()
+    seal = rgt_bundle.build("seal").files  # the pull round's: the closeout's own code, and none of the status's
+    assert seal["__main__.py"] == (UTILS / "rgt_sealround.py").read_text()
+    assert utils + "rgt_seal.py" in seal and utils + "rgt_statusdoc.py" not in seal
 
 
 @pytest.mark.parametrize("name", [n for n, s in rgt_bundle.BUNDLES.items() if s.layout == rgt_bundle.FLAT])
