@@ -145,11 +145,13 @@ def _ask(target, params: dict) -> dict:
     return doc
 
 
-def _connection(target, name: str):
+def _connection(target, host):
     if target.local:
-        return _rsync.Connection(name, local=True)
-    # the round's own ssh argv (the pin, the ControlMaster): rsync rides the connection the status round opened
-    return _rsync.Connection(name, host=target.argv[-1], common_args=shlex.join(target.argv[1:-1]))
+        return _rsync.Connection(host.name, local=True)
+    # the round's own ssh argv (the pin, the ControlMaster): rsync rides the connection the status round opened;
+    # the port given again, since rsync's `ssh -p` comes before it and ssh keeps the first value
+    port = host.vars.get("ansible_port") or host.vars.get("ansible_ssh_port")
+    return _rsync.Connection(host.name, host=target.argv[-1], port=port, common_args=shlex.join(target.argv[1:-1]))
 
 
 def round_once(inventory: str, host, doc: dict, root: Path, extravars: dict | None = None) -> dict | None:
@@ -164,7 +166,7 @@ def round_once(inventory: str, host, doc: dict, root: Path, extravars: dict | No
     last = _offload.newest_verified(_offload.read_records(str(folder)))
     if last and last.get("name") == picked["name"] and last.get("signature") == picked["signature"]:
         return None  # already here
-    conn = _connection(target, host.name)
+    conn = _connection(target, host)
 
     def fetch(dest: Path) -> str | None:
         transfer = _rsync.Transfer(conn, picked["path"], str(dest), push=False, timeout_s=120,
@@ -235,9 +237,10 @@ def _pull_export(args: argparse.Namespace, console: Console, name: str, run: dic
             "verbose": getattr(args, "verbose", 0), "json": False,
             "runs_dir": str(runs_dir(getattr(args, "runs_dir", None)))}
     code = pull.cmd_pull(argparse.Namespace(**base, limit=name, verify_only=False), console)
-    if code != errors.OK:
-        console.print(f"offload {name}:{run['run_id']}: the pull of the export did not verify (exit {code})",
-                      highlight=False, markup=False)
+    if code != errors.OK:  # attention (exit 5): the result is not home; `rgt-run pull` says why
+        message = f"the pull of the sealed export did not verify (exit {code}); run `rgt-run pull --limit {name}`"
+        console.print(f"offload {name}:{run['run_id']}: {message}", highlight=False, markup=False)
+        run.setdefault("attention", []).append({"id": "offload_export_pull", "message": message})
     return code
 
 

@@ -82,3 +82,18 @@ def test_a_copy_counts_only_when_it_matches_the_manifest_and_the_entry_did_not_c
                     "offload": {"to": "controller", "every": 5, "keep": 2}}}
     offload.annotate(docs, tmp_path / "runs")
     assert docs["box"]["offload"]["newest"]["step"] == 30 and docs["box"]["attention"] == []
+
+
+def test_the_copy_rides_the_status_rounds_pinned_ssh_on_the_boxs_port(tmp_path):
+    from rgt import sshround
+    from rgt.inventory import Host
+
+    (tmp_path / "hosts.yml").write_text("all: {}\n")
+    host = Host("gpu1", {"ansible_host": "10.0.0.5", "ansible_port": 2222, "ansible_user": "ubuntu",
+                         "rgt_instance_id": "i-123"})
+    target = sshround.target_for(str(tmp_path / "hosts.yml"), host)
+    conn = offload._connection(target, host)
+    argv = paths.module_util("rgt_rsync").Transfer(conn, "/d/ckpt/step_1", str(tmp_path / "x"), push=False).argv()
+    rsh = argv[argv.index("-e") + 1]
+    assert rsh.startswith("ssh -p 2222 ") and "HostKeyAlias=i-123" in rsh and "StrictHostKeyChecking=yes" in rsh
+    assert f"ControlPath={target.control_path}" in rsh and argv[-2] == "10.0.0.5:/d/ckpt/step_1"
