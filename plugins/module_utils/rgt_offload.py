@@ -93,11 +93,12 @@ _HINTS = {
 
 
 def not_built(offload):
-    """(what, fix) when the offload asks for what is not built yet (`to: controller`), else None."""
-    if isinstance(offload, dict) and offload.get("to") == CONTROLLER:
-        return ("offload.to: controller (watch pulling the copies) is not built yet",
-                "give a named rclone remote path (offload.to: s3store:bucket/prefix, docs/offload.md), or drop "
-                "offload")
+    """(what, fix) when the offload asks for what does not apply (`credentials` with `to: controller`: the
+    controller pulls over its own SSH, the box pushes nothing), else None."""
+    if isinstance(offload, dict) and offload.get("to") == CONTROLLER and offload.get("credentials"):
+        return ("offload.credentials means nothing with offload.to: controller (watch pulls the copies over the "
+                "run's own SSH; the box pushes nothing)", "drop offload.credentials, or name an rclone remote in "
+                "offload.to")
     return None
 
 
@@ -278,6 +279,9 @@ def status_of(run_dir, job, newest_ckpt=None, now=None):
         mtime = os.stat(newest_ckpt).st_mtime if newest_ckpt else None
     except OSError:
         mtime = None
+    if conf["to"] == CONTROLLER:  # the copies and their records are on the controller (runner/rgt/offload.py)
+        return {"to": CONTROLLER, "newest": None, "failing": None, "behind_s": None, "newest_ckpt_mtime": mtime,
+                "every": conf["every"], "keep": conf["keep"], "bwlimit": conf["bwlimit"]}, []
     shown = health(read_records(run_dir), conf["every"], now, mtime)
     items = [{"id": shown["attention_id"], "message": shown["attention"]}] if shown["attention"] else []
     return {"to": conf["to"], "newest": shown["newest"], "failing": shown["failing"],

@@ -9,6 +9,10 @@ of JSON arguments on stdin (never in argv).
 - ``op: roster``: ``{"roster": <rgt_sweep.box_roster>}``, this box's roster of a sweep.
 - ``op: budget_stop``: ``{"stopped": bool}``: rgt_runlayout.request_budget_stop for one run (rgt.budget: the
   one write of the round, its budget marker and RGT_PREEMPT_FILE).
+- ``op: offload_pick``: ``{"entry": {name, path, signature, manifest [[sha256, rel]], bytes} | null, "why"}``: the
+  newest complete checkpoint of one run as rgt_offload picks it (two looks agree), hashed on the box, its signature
+  looked at again after hashing; with ``name``, only that entry's signature now (``offload: to: controller``,
+  runner/rgt/offload.py: read-only).
 - ``op: log``: rgt_logread.stream: a header line, then the log's bytes (``rgt-run logs``).
 
 A ValueError from the arguments is ``{"failed": true, "msg": ...}`` and exit 1. Python 3.6+, stdlib only.
@@ -19,9 +23,39 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import os
 import sys
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_logread, rgt_runlayout, rgt_statusdoc, rgt_sweep
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
+    rgt_logread,
+    rgt_offload,
+    rgt_runlayout,
+    rgt_statusdoc,
+    rgt_sweep,
+)
+
+
+def offload_pick(params):
+    """The newest complete checkpoint entry of a run, its manifest made here ({"entry": ..., "why": ...})."""
+    paths = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
+                                   params["run_id"])  # ValueError: a bad name
+    if params.get("name"):
+        path = os.path.join(paths.ckpt, os.path.basename(params["name"]))
+        sig = rgt_offload.signature(path) if os.path.lexists(path) else None
+        return {"entry": {"name": params["name"], "signature": sig} if sig else None, "why": None}
+    try:
+        with open(paths.job) as handle:
+            pattern = json.load(handle).get("ckpt_glob") or "*"
+    except (OSError, ValueError):
+        pattern = "*"
+    path, sig, why = rgt_offload.pick_entry(paths.ckpt, pattern, float(params.get("settle_s", rgt_offload.SETTLE_S)))
+    if sig is None:
+        return {"entry": None, "why": why}
+    lines = rgt_offload.manifest_lines(path)
+    if rgt_offload.signature(path) != sig:
+        return {"entry": None, "why": "%s changed while it was hashed" % os.path.basename(path)}
+    return {"entry": {"name": os.path.basename(path), "path": path, "signature": sig, "manifest": lines,
+                      "bytes": sum(size for _rel, size, _mtime, _ino in sig)}, "why": None}
 
 
 def main():
@@ -38,6 +72,8 @@ def main():
             paths = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
                                            params["run_id"])  # ValueError: a bad name
             doc = {"stopped": rgt_runlayout.request_budget_stop(paths, params.get("marker") or {})}
+        elif op == "offload_pick":
+            doc = offload_pick(params)
         else:
             doc = {"status": rgt_statusdoc.status_document(params)}
     except ValueError as exc:

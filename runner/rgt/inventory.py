@@ -200,7 +200,7 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
                              fix=f"set rgt_job.{key} to the directory that holds it", field=f"rgt_job.{key}")
     unbuilt = _offload.not_built(job.get("offload"))
     if unbuilt:
-        raise InputError(f"{where}: {unbuilt[0]}", fix=unbuilt[1], field="rgt_job.offload.to")
+        raise InputError(f"{where}: {unbuilt[0]}", fix=unbuilt[1], field="rgt_job.offload.credentials")
     slurm = job.get("slurm")
     refused = _slurm.extra_problem(slurm.get("extra")) if isinstance(slurm, dict) else None
     if refused:

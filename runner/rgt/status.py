@@ -28,9 +28,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rgt import budget, endings, errors, memory, move, notify, output, paths, runreport, service, sweeps, unattended
+from rgt import (
+    budget,
+    endings,
+    errors,
+    memory,
+    move,
+    notify,
+    offload,
+    output,
+    paths,
+    runreport,
+    service,
+    sweeps,
+    unattended,
+)
 from rgt.engines import poll, split
-from rgt.ledger import append_jsonl, ledger_dir
+from rgt.ledger import append_jsonl, ledger_dir, runs_dir
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
@@ -180,6 +194,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     hosts = move.left_behind(console, ledger, hosts)  # a host whose runs all moved away (rgt.move): one line
     docs = poll(args, console, hosts, extravars, ledger)
     budget.annotate(every_run(docs))  # spend/budget of each run with rgt_job.budget_usd (its column, --json)
+    offload.annotate(docs, runs_dir(getattr(args, "runs_dir", None)))  # offload.to: controller: the local copies
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)
     endings.annotate(docs, hosts, args, console)  # a run that ended by a signal: what happened, what to run
@@ -381,6 +396,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
         if not watching.follow:  # a run `rgt-run move` took away: its stale attempt on a box that answers again
             move.fence(args.inventory, console,  # is stopped (rgt.move)
                        [by_name[n] for n in due if docs[n].get("state") != "unreachable"], extravars, ledger, events)
+        offload.tick(args, console, hosts, docs, extravars, watching.follow)  # rgt.offload: to: controller
         mono, now = _monotonic(), time.time()
         to_resume = []
         keys: dict[str, tuple] = {}

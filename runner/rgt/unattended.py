@@ -138,7 +138,8 @@ def _host_runs(host) -> list[dict]:
 def _offload(host) -> bool:
     job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
     offload = job.get("offload")
-    return isinstance(offload, dict) and bool(offload.get("to"))
+    # an rclone remote the box pushes to by itself; `to: controller` copies only while a watcher runs
+    return isinstance(offload, dict) and paths.module_util("rgt_offload").remote_of(offload.get("to")) is not None
 
 
 def authorise_at_launch(args: argparse.Namespace, hosts: list, ledger: Path, console: Console) -> dict | None:

@@ -6,7 +6,9 @@ running. One run, several assertions."""
 
 import hashlib
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 from clihelp import wait_for
@@ -55,6 +57,9 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         assert launched.rc == 0, launched.stderr
         launched_ro = train(rgt, inv, refused, **env)
         assert launched_ro.rc == 0, launched_ro.stderr
+        # to: controller on the same box: watch pulls the copies over the pinned SSH (runner/rgt/offload.py)
+        ctl = job("offc", steps=1500, sleep=0.1, offload={"to": "controller", "every": 5, "keep": 2})
+        assert train(rgt, inv, ctl).rc == 0
 
         def verified():
             recs = [r for r in _records(rp, "offl") if r.get("kind") == "checkpoint" and r.get("verified")]
@@ -108,3 +113,19 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
         for secret in (s3.secret_key, ro.secret_key):
             assert not any(secret in text for text in texts)
+
+    # to: controller: a few watch ticks copy the box's checkpoints home over SSH, each verified, keep honoured
+    watch = rgt("watch", "-i", inv, "-e", json.dumps({"rgt_job": ctl}), "--interval", "2", "--max-ticks", "7",
+                "--json", timeout=240)
+    assert watch.doc["hosts"]["rp"]["state"] == "running", watch.stderr[-3000:]
+    folder = Path(os.environ["RGT_RUNS_DIR"]) / "offc" / "rp.offload"
+    records = [json.loads(line) for line in (folder / "offload.jsonl").read_text().splitlines()]
+    done = [r for r in records if r["kind"] == "checkpoint" and r["ok"] and r["verified"]]
+    assert len(done) >= 2 and all(r["dest"].startswith(str(folder)) for r in done), records
+    kept = sorted(p.name for p in (folder / "checkpoints").iterdir())
+    assert kept == sorted(r["name"] for r in done[-2:]), (kept, records)
+    for name in kept:
+        sha, rel = (folder / "checkpoints" / name / "MANIFEST.sha256").read_text().split()
+        assert rel == name and hashlib.sha256((folder / "checkpoints" / name / name).read_bytes()).hexdigest() == sha
+    shown = watch.doc["hosts"]["rp"]["offload"]
+    assert shown["to"] == "controller" and shown["newest"]["name"] == done[-1]["name"], shown

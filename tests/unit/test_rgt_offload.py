@@ -32,6 +32,7 @@ def test_a_good_offload_passes_and_settings_fill_the_defaults():
     assert off.settings(spec) == {"to": "s3store:bucket/prefix", "every": 60, "keep": 2, "bwlimit": "20M",
                                   "credentials": ["S3_KEY"]}
     assert off.settings(job(to="controller"))["every"] == 600 and off.settings({"command": "x"}) is None
+    validate_job(job(to="controller", every=5, keep=2, bwlimit="20M"))  # the embedded default: accepted
     assert off.shipped_secrets({"secrets": ["A", "S3_KEY"], **spec}) == ["A", "S3_KEY"]
 
 
@@ -41,7 +42,7 @@ def test_a_good_offload_passes_and_settings_fill_the_defaults():
     ({"to": "s3store:b", "every": 1}, "rgt_job.offload.every"),
     ({"to": "s3store:b", "keep": 0}, "rgt_job.offload.keep"),
     ({"every": 60}, "rgt_job.offload.to"),
-    ({"to": "controller"}, "rgt_job.offload.to"),  # not built yet: refused, never silently ignored
+    ({"to": "controller", "credentials": ["S3_KEY"]}, "rgt_job.offload.credentials"),  # meaningless: refused
     ({"to": "s3store:b", "sometimes": 1}, "rgt_job.offload.sometimes"),
 ])
 def test_bad_offload_input_is_refused_naming_the_field_never_the_value(offload, field):
