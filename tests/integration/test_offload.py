@@ -50,7 +50,11 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
                                                           "credentials": sorted(env)})
         refused = job("offl-ro", steps=600, sleep=0.1, offload={"to": "rot:rgt/off", "every": 5, "keep": 2,
                                                                 "credentials": sorted(env)})
+        short = job("offl-end", steps=30, sleep=0.05, offload={"to": "s3t:rgt/off", "every": 600, "keep": 2,
+                                                                "credentials": sorted(env)})
         inv = stub_inventory(stub_fleet, ["rp"])
+        ended = train(rgt, inv, short, **env)
+        assert ended.rc == 0, ended.stderr
         launched = train(rgt, inv, spec, **env)
         assert launched.rc == 0, launched.stderr
         launched_ro = train(rgt, inv, refused, **env)
@@ -108,3 +112,38 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
         for secret in (s3.secret_key, ro.secret_key):
             assert not any(secret in text for text in texts)
+
+        # the short run ended: its last checkpoint offloaded after the end (every: 600, so no round fell before),
+        # the box sealed its export and offloaded it, read back: OFFLOAD_VERIFIED.json, the status line says so
+        proof = wait_for(lambda: box(rp, f"cat {RUNS}/offl-end/OFFLOAD_VERIFIED.json 2>/dev/null || true").strip(),
+                         timeout=60, what="OFFLOAD_VERIFIED.json", interval=1.0)
+        proof = json.loads(proof)
+        sealed_raw = box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json")
+        assert proof["manifest_sha256"] == hashlib.sha256(sealed_raw.encode()).hexdigest()
+        assert proof["target"] == "s3t:rgt/off/rgt/offl-end/export" and proof["verify"] == "sha256 read back"
+        on_target = s3.bucket_dir() / "off" / "rgt" / "offl-end" / "export"
+        assert (on_target / "offl-end.manifest.json").read_text() == sealed_raw
+        sealed = json.loads(sealed_raw)
+        assert proof["files"] == sealed["totals"]["files"] and proof["bytes"] == sealed["totals"]["bytes"]
+        for entry in sealed["files"]:
+            got = hashlib.sha256((on_target / "offl-end" / entry["path"]).read_bytes()).hexdigest()
+            assert got == entry["sha256"], entry["path"]
+        last = [r for r in _records(rp, "offl-end") if r.get("kind") == "checkpoint"]
+        assert last[-1]["step"] == 30 and last[-1]["verified"], last
+        shown = status(rgt, inv, short)
+        assert shown.doc["hosts"]["rp"]["offload"]["export"]["verified"] is True
+        assert "export offloaded, verified, at s3t:rgt/off/rgt/offl-end/export" in " ".join(shown.stderr.split())
+        # the teardown gate (its plan): the run not pulled holds by its export offloaded, the target looked at now
+        # with the controller's rclone; the live runs refuse as ever
+        look = rgt("teardown", "-i", inv, "--json", env=env, timeout=300)
+        assert look.rc == 3, look.stderr
+        (plan,) = look.doc["instances"].values()
+        rows = {r["run_id"]: r for r in plan["gate"]["runs"]}
+        assert rows["offl-end"]["pull"] == "export offloaded to s3t:rgt/off/rgt/offl-end/export", rows["offl-end"]
+        assert not rows["offl-end"]["blocks"] and rows["offl"]["blocks"] and rows["offl-ro"]["blocks"]
+        assert "export offloaded to s3t:rgt/off/rgt/offl-end/export" in " ".join(look.stderr.split())
+        # a pull of the sealed run: the box's seal is the one the closeout would make, never rewritten; verified
+        pulled = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--json", env=env, timeout=300)
+        assert pulled.rc == 0, pulled.stderr
+        assert pulled.doc["hosts"]["rp"]["verified"] is True
+        assert box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json") == sealed_raw

