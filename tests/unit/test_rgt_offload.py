@@ -256,3 +256,34 @@ def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_list
     assert off.target_check(rclone_binary(), {})(run) == (
         "export RCLONE_CONFIG_LOC_TYPE in this shell (offload.credentials) to look at the target")
     assert off.target_check(None, env)(run).startswith("no rclone on the controller")
+
+
+def test_the_launch_uses_the_boxs_rclone_ships_the_controllers_or_refuses_another_arch(tmp_path):
+    """ship_plan, the launch's rule for the offload's rclone (roles/launch_detached, filter rclone_ship)."""
+    spec = {"offload": {"to": "s3t:b/p"}}
+    binary = tmp_path / "rclone"
+    binary.write_bytes(b"rclone binary")
+    amd64 = "rclone v1.75.2\n- os/version: debian 12.11 (64 bit)\n- os/type: linux\n- os/arch: amd64\n"
+    assert off.ship_plan({}, None, str(binary)) == {"action": "none"}
+    assert off.ship_plan({"offload": {"to": "controller"}}, "x86_64\n", str(binary)) == {"action": "none"}
+    assert off.ship_plan(spec, None, str(binary)) == {"action": "look"}
+    assert off.ship_plan(spec, "x86_64\nrclone v1.62.0\n", str(binary))["action"] == "box"
+    plan = off.ship_plan(spec, "x86_64\nrclone v1.50.1\n", str(binary), lambda b: amd64)  # too old: shipped
+    assert plan == {"action": "ship", "src": str(binary), "sha256": hashlib.sha256(b"rclone binary").hexdigest(),
+                    "name": "rclone-v1.75.2-linux-amd64", "dir": off.SHIP_DIR,
+                    "path": off.SHIP_DIR + "/rclone-v1.75.2-linux-amd64", "version": "1.75.2"}
+    refused = off.ship_plan(spec, "aarch64\n", str(binary), lambda b: amd64)
+    assert refused["action"] == "refuse" and refused["field"] == "rgt_job.offload"
+    assert refused["msg"] == (
+        "rgt_job.offload: the box (aarch64, linux/arm64) has no rclone >= 1.60.0, and the controller's rclone is "
+        "built for linux/amd64, so it cannot be shipped there. Fix: install rclone >= 1.60.0 on the box "
+        "(https://rclone.org/install/, on its PATH), or drop rgt_job.offload")
+    assert off.ship_plan(spec, "x86_64\n", None)["msg"].startswith(
+        "rgt_job.offload: the box has no rclone >= 1.60.0 and this controller has none to ship")
+    assert off.platform_of(off.version_text(rclone_binary())).startswith("linux/")  # the wheel's, as it says it
+    assert off.platform_of("rclone v1.60.0\n- os/arch: linux/arm64\n") == "linux/arm64"
+    # on the box: the shipped binary must be there with the controller's SHA-256
+    assert off.shipped_problem(dict(plan, path=str(binary))) is None
+    binary.write_bytes(b"rclone binarY")
+    assert "has SHA-256" in off.shipped_problem(dict(plan, path=str(binary)))
+    assert off.shipped_problem(dict(plan, path=str(tmp_path / "gone"))).endswith("is not there")
