@@ -483,7 +483,7 @@ def platform_of(text):
 def ship_plan(job, look=None, controller=None, controller_version=version_text):
     """What the launch does about rclone for the job's offload (roles/launch_detached, the rclone_ship filter):
     {"action": "none"} without an offload to an rclone remote; "look" when it has one and the box was not looked
-    at yet; "box" when the box's own rclone (`look`: `uname -m`, then `rclone version`'s first line) is >=
+    at yet; "box" when the box's own rclone (`look`: `uname -m`, then `rclone version`) is >=
     MIN_RCLONE; "ship" with {src, sha256, name, dir, path} when the controller's rclone is built for the box's
     os/arch; else "refuse" with {msg, field} (the launch refuses, exit 2, before anything on the box changes)."""
     conf = settings(job)
