@@ -13,10 +13,10 @@ DOCUMENTATION = r"""
 name: rclone_ship
 short_description: What the launch does about rclone for a job's offload (use the box's, ship the controller's, refuse)
 description:
-  - module_utils rgt_offload.ship_plan. Without O(look), C(action) is C(none) (no offload to an rclone remote) or
-    C(look) (look at the box first). With O(look) (C(uname -m), then C(rclone version)'s first line, from the box),
-    C(action) is C(box) (its own rclone is recent enough), C(ship) (the controller's rclone, built for the box's
-    os/arch: C(src), C(sha256), C(name), C(dir), C(path)), or C(refuse) (C(msg), C(field)).
+  - "module_utils rgt_offload.ship_plan. Without O(look), C(action) is C(none) (no offload to an rclone remote) or
+    C(look) (look at the box first). With O(look) (C(uname -m), then C(rclone version), from the box), C(action)
+    is C(box) (its own rclone is recent enough), C(ship) (the controller's rclone, built for the box's os and arch,
+    with C(src), C(sha256), C(name), C(dir), C(path)), or C(refuse) (C(msg), C(field))."
 options:
   _input:
     description: The job spec (rgt_job).

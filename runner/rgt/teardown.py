@@ -224,7 +224,6 @@ def cmd_teardown(args: argparse.Namespace, console: Console) -> int:
     ns = argparse.Namespace(playbook=str(paths.PLAYBOOKS_DIR / "teardown.yml"), extra_vars=args.extra_vars,
                             inventory=args.inventory, limit=args.limit, ledger=args.ledger)
     _playbook, hosts, extravars = prepare(ns, pins=True)
-    extravars = {**extravars, "rgt_rclone_binary": paths.rclone_binary()}  # the gate's look at an offload's target
     ledger = ledger_dir(args.ledger)
     runs = runs_dir(args.runs_dir or extravars.get("rgt_runs_dir"))
     instances = instances_of(hosts, args.inventory, args.limit)

@@ -273,3 +273,18 @@ def test_checkpoints_offloaded_without_the_export_still_refuse(lay):
         {"kind": "checkpoint", "name": "step_1", "ok": True, "verified": True}) + "\n")
     verdict = lay.gate(offload_check=lambda run: None)
     assert verdict["passed"] is False and verdict["runs"][0]["pull"] == "sealed, not pulled"
+
+
+def test_the_teardown_module_rechecks_an_offload_with_the_rclone_it_is_given_and_without_one_refuses(lay,
+                                                                                                    monkeypatch):
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload
+    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_teardown
+
+    _offloaded(lay, "a")
+    given = []
+    monkeypatch.setattr(rgt_offload, "target_check", lambda binary: given.append(binary) or (lambda run: None))
+    p = {"confirm": IID, "instance_id": IID, "instance_hosts": ["box"], "host": "box", "box_runs": [lay.box()],
+         "runs_dir": str(lay.runs), "profile": PROFILE, "unlisted_hosts": [], "rclone_binary": "/x/rclone"}
+    assert rgt_teardown.check_gate(p)["passed"] is True and given == ["/x/rclone"]
+    verdict = rgt_teardown.check_gate(dict(p, rclone_binary=None))
+    assert verdict["passed"] is False and "was not checked" in verdict["reasons"][0]

@@ -236,7 +236,7 @@ class Ssh(Engine):
         run_hosts = [h for iid in running for h in by_id[iid].hosts]
         if not run_hosts:
             return []
-        evars = {**extravars, "rgt_runs_dir": str(runs),
+        evars = {**extravars, "rgt_runs_dir": str(runs), "rgt_rclone_binary": paths.rclone_binary(),  # offload_check
                  confirmation.CHANNEL: {h.name: h.instance_id for iid in confirmed for h in by_id[iid].hosts}}
         console.print(f"\n[bold]rgt[/bold] teardown of {len(running)} instance(s): "
                       + ", ".join(escape(iid) + (" (polling the stop in flight)" if iid in resumed else "")
