@@ -21,6 +21,12 @@ For one instance (every inventory host that carries its id, one listing per host
   again); a run that names a sweep whose roster on the box does not place it on this instance (an unexpected
   cell) refuses;
 - a box with no runs passes.
+
+A verified offload of the sealed export (docs/offload.md) is accepted as a verified pull is: the box's
+`<run_dir>/OFFLOAD_VERIFIED.json` (the listing's `offload`) binds the SHA-256 of the manifest now on the box, and
+`offload_check(run)` (the caller's look at the target now, module_utils/rgt_offload.target_check) finds the copy
+still there with that manifest. The plan row says which holds: pull "verified" (pulled) or "export offloaded to
+<target>". Checkpoints offloaded without the export never count; an offload nobody could check refuses.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -180,7 +186,25 @@ def verify_pull(run, instance_id, hosts, runs_dir, manifest_lib):
     return "verified", None, evidence
 
 
-def judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib):
+def offload_holds(run, sha, offload_check):
+    """(the plan's word, None) when the run's sealed export (manifest sha256 `sha`, the one on the box now) was
+    offloaded, verified, and the target still holds it; else (None, why not) — (None, None) without an offload."""
+    done = run.get("offload")
+    if not isinstance(done, dict) or not done.get("manifest_sha256"):
+        return None, None
+    target = done.get("target") or "?"
+    if str(done["manifest_sha256"]).lower() != sha:
+        return None, "its export offload to %s is of another manifest (%s…, the box's %s…)" % (
+            target, str(done["manifest_sha256"])[:12], sha[:12])
+    if offload_check is None:
+        return None, "its export offload to %s was not checked (no rclone on the controller)" % target
+    problem = offload_check(run)
+    if problem:
+        return None, "its export offload to %s does not hold now: %s" % (target, problem)
+    return "export offloaded to %s" % target, None
+
+
+def judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib, offload_check=None):
     """The plan row of one run: {project, run_id, run_dir, state, attempt, sealed, manifest, pull, blocks,
     reason, note, ...evidence}."""
     export = run.get("export") or {}
@@ -206,6 +230,13 @@ def judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib):
                    note="run %s (%s) is not pulled; %s" % (name, state, text))
         return row
     pull, reason, evidence = verify_pull(run, instance_id, hosts, runs_dir, manifest_lib)
+    if reason is not None and evidence.get("marker"):  # the box's manifest is whole, valid, of this instance
+        held, why = offload_holds(run, evidence["manifest_sha256"], offload_check)
+        if held:
+            pull, reason = held, None
+            evidence["offload_target"] = run["offload"].get("target")
+        elif why:
+            reason = "%s; %s" % (reason, why)
     row.update(evidence)
     row.update(pull=pull, blocks=reason is not None, reason=reason)
     return row
@@ -232,14 +263,16 @@ def unexpected_cell(run, sweeps, hosts):
 
 # ---------------------------------------------------------------- one instance
 
-def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unlisted=()):
+def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unlisted=(), offload_check=None):
     """The gate for one instance.
 
     instance_id: the instance to tear down; hosts: every inventory host that carries it (a manifest's `host`
     must be one of them); listings: the `box` documents of rgt_box_runs, one per host that looked (hosts that
     share the instance list the same box: runs are counted once); runs_dir: the controller's runs root;
     profile: the platform profile (what the verb deletes); manifest_lib: rgt_manifest; unlisted: hosts of this
-    instance that could not list the box (each refuses: the box was not seen whole).
+    instance that could not list the box (each refuses: the box was not seen whole); offload_check: run -> None when the
+    target still holds the run's offloaded export, else why not (module_utils/rgt_offload.target_check; None: no
+    offload counts).
 
     Returns {instance_id, hosts, passed, reasons, runs, others, notes, roots}; `reasons` name each run and its
     state; an empty box passes with a note saying so."""
@@ -270,7 +303,7 @@ def evaluate(instance_id, hosts, listings, runs_dir, profile, manifest_lib, unli
             if key in seen:
                 continue
             seen.add(key)
-            row = judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib)
+            row = judge_run(run, instance_id, hosts, runs_dir, profile, mount, manifest_lib, offload_check)
             row["durable_root"] = root
             problem = unexpected_cell(run, sweeps, hosts)
             if problem:

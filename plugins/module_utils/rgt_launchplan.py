@@ -308,7 +308,19 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
     doc = rl.job_document(paths, job, code_dir, omp, python, secrets_file, env, p["proxy_hook"], p["grace_s"])
     # the virtual environments rgt runs from on this box: the wrapper keeps them out of the job's environment
     doc["rgt_prefixes"] = rl.own_prefixes()
+    doc["seal"] = seal_document(p.get("host"), p.get("instance_id"), job)
     return doc
+
+
+def seal_document(host, instance_id, job):
+    """job.json's `seal`: what the wrapper's seal at a finished run's end needs (module_utils/rgt_seal, the same
+    options roles/collect gives the closeout: instance_id defaults to the host name, job_name to the run id), or
+    None without a host name."""
+    if not host:
+        return None
+    return {"host": host, "instance_id": instance_id or host, "job_name": job.get("name"),
+            "declared_checkpoints": list((job.get("checkpoint") or {}).get("declared") or []),
+            "loader_python": job.get("python")}
 
 
 def lay_out(module, paths, code_dir, omp, python, secrets_file, result):

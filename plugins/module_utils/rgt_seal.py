@@ -33,6 +33,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -484,7 +485,33 @@ def write_manifest(capsule, manifest_path, p):
 
 def seal(params, check_mode=False):
     """Seal the run `params` name (the closeout's options); the module's result, or SealError. A sealed export is
-    never touched again (a no-op that says "already sealed"); a bad candidate is quarantined."""
+    never touched again (a no-op that says "already sealed"); a bad candidate is quarantined. One seal of a run at a
+    time: the job wrapper's seal at the job's end (an offload, module_utils/rgt_offload) and a pull's closeout take
+    the run's .rgt/seal.lock, so the second one finds the export sealed and leaves it as it is."""
+    lock = None
+    meta = _run_meta(params)
+    if meta and os.path.isdir(meta) and not check_mode:
+        try:
+            lock = os.open(os.path.join(meta, "seal.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:
+            lock = None
+    try:
+        return _seal(params, check_mode)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _run_meta(params):
+    try:
+        return RunPaths(expand_root(params["durable_root"]), params.get("project") or DEFAULTS["project"],
+                        params["run_id"]).meta
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _seal(params, check_mode):
     p = dict(DEFAULTS)
     p.update((k, v) for k, v in params.items() if v is not None or k not in DEFAULTS)
     p["outputs"], p["declared_checkpoints"] = list(p["outputs"] or []), list(p["declared_checkpoints"] or [])

@@ -75,7 +75,8 @@ box:
         directory), C(state), C(attempt), C(export) {C(path), C(sealed), C(manifest), C(manifest_path),
         C(manifest_sha256), C(manifest_b64), C(manifest_error)}, C(slurm_job_id) (the job a run submitted through
         sbatch recorded in C(.rgt/slurm.json), else null), C(sweep) (the sweep a cell belongs to, from
-        C(.rgt/sweep.json), else null)."
+        C(.rgt/sweep.json), else null), C(offload) (the run's C(OFFLOAD_VERIFIED.json): its sealed export offloaded
+        and verified, docs/offload.md; else null)."
       type: list
       elements: dict
     sweeps:
@@ -95,7 +96,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_slurm, rgt_sweep
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload, rgt_slurm, rgt_sweep
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import (
     RunPaths,
     check_name,
@@ -179,7 +180,14 @@ def describe_run(paths):
     return {"project": paths.project, "run_id": paths.run_id, "run_dir": paths.run_dir, "state": state,
             "attempt": attempt, "export": export_info(paths.export_dir, paths.run_id),
             "slurm_job_id": str(slurm["job_id"]) if slurm and slurm.get("job_id") else None,
-            "sweep": (read_json(os.path.join(paths.meta, "sweep.json")) or {}).get("sweep")}
+            "sweep": (read_json(os.path.join(paths.meta, "sweep.json")) or {}).get("sweep"),
+            # the sealed export offloaded and verified (module_utils/rgt_offload; the teardown gate checks the target)
+            "offload": _offload_verified(paths.run_dir)}
+
+
+def _offload_verified(run_dir):
+    doc = read_json(os.path.join(run_dir, rgt_offload.VERIFIED))
+    return doc if isinstance(doc, dict) else None
 
 
 def list_project(root, project, runs, not_runs):

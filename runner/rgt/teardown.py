@@ -107,6 +107,12 @@ def _size(n) -> str:
     return ""
 
 
+def run_verified(row: dict) -> bool:
+    """Does a gate row (module_utils/rgt_gate) hold the run's result off the box: pulled and verified, or its sealed
+    export offloaded, verified, and still on the target?"""
+    return row.get("pull") == "verified" or str(row.get("pull") or "").startswith("export offloaded to ")
+
+
 def _pull_text(row: dict) -> str:
     if row.get("pull") == "verified":
         return f"verified ({row.get('files')} files, {_size(row.get('bytes'))})"
@@ -171,8 +177,8 @@ def render_plan(console: Console, item: dict) -> None:
         for note in gate["notes"]:
             console.print(f"    {escape(printable(note))}")
     if status == "ready":
-        console.print("  gate: [green]passed[/green] (every finished or sealed run is pulled and verified; none is "
-                      "live)")
+        console.print("  gate: [green]passed[/green] (every finished or sealed run is verified: pulled, or its "
+                      "export offloaded; none is live)")
     else:
         word = {"refused": "[red]REFUSED[/red]", "unreachable": "[magenta]UNREACHABLE[/magenta]",
                 "failed": "[red]FAILED[/red]"}.get(status, status)

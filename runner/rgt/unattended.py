@@ -330,9 +330,9 @@ def _carry_out(args: argparse.Namespace, console: Console, ledger: Path, iid: st
             row = on_box.get(key)
             if row is None:
                 reasons.append(f"run {key[0]}/{key[1]} (authorised) is not on the box")
-            elif row.get("pull") != "verified":
-                reasons.append(f"run {key[0]}/{key[1]} ({row.get('state')}) is not pulled and verified here: "
-                               f"{row.get('pull')}")
+            elif not teardown.run_verified(row):
+                reasons.append(f"run {key[0]}/{key[1]} ({row.get('state')}) is not verified (pulled, or its "
+                               f"export offloaded): {row.get('pull')}")
         if reasons:
             teardown.render_plan(console, item)
             _refuse(console, ledger, iid, reasons, notifier, names)
@@ -340,7 +340,7 @@ def _carry_out(args: argparse.Namespace, console: Console, ledger: Path, iid: st
     outcomes: dict[str, dict] = {}
     console.print(f"[bold]rgt[/bold] authorised stop of {escape(iid)} ({escape(str(item['label']))}): "
                   + ("polling the stop in flight" if status == "in flight" else
-                     "every run on the box is covered, pulled and verified; the gate passed"))
+                     "every run on the box is covered and verified (pulled, or its export offloaded); the gate passed"))
     engine.stop(group, {iid: item}, [iid] if status == "ready" else [], [iid] if status == "in flight" else [],
                 ns, extravars, ledger, root, console, lib, lambda i, outcome: outcomes.__setitem__(i, outcome))
     outcome = outcomes.get(iid) or {"status": "not run", "final_state": None, "messages": []}

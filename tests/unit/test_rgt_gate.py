@@ -226,3 +226,65 @@ def test_a_cell_its_sweeps_roster_does_not_place_on_this_instance_refuses(lay):
     assert "abl--seed=2 says it is a cell of sweep abl, but the roster places it on host other-box" in reasons
     assert "abl--seed=9 says it is a cell of sweep abl, but the roster" in reasons and "does not name it" in reasons
     assert "zzz--seed=1 says it is a cell of sweep zzz, but that sweep has no roster on the box" in reasons
+
+
+# ---------------------------------------------------------------- a verified offload of the sealed export
+
+def _offloaded(lay, run_id, target="s3t:b/p/proj/%s/export", sha=None):
+    """Run proj/<run_id> sealed, not pulled, with the box's OFFLOAD_VERIFIED.json (rgt_offload.verified_document)."""
+    export = lay.sealed("proj", run_id)
+    lay.marker(run_id).unlink()
+    raw = (export / f"{run_id}.manifest.json").read_bytes()
+    doc = {"schema": "rgt/offload-verified/v1", "run_id": run_id, "target": target % run_id, "credentials": [],
+           "manifest_sha256": sha or __import__("hashlib").sha256(raw).hexdigest(), "files": 1, "bytes": 1}
+    (lay.durable / "proj" / "active" / run_id / "OFFLOAD_VERIFIED.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_a_verified_offload_of_the_sealed_export_passes_as_a_pull_does_when_the_target_still_holds_it(lay):
+    _offloaded(lay, "a")
+    lay.sealed("proj", "b")  # pulled and verified
+    looked = []
+    verdict = lay.gate(offload_check=lambda run: looked.append(run["run_id"]))
+    assert verdict["passed"] is True, verdict["reasons"]
+    assert looked == ["a"]  # the target is looked at only for the run that is not pulled
+    assert {r["run_id"]: r["pull"] for r in verdict["runs"]} == {"a": "export offloaded to s3t:b/p/proj/a/export",
+                                                                  "b": "verified"}
+
+
+def test_an_offload_the_target_no_longer_holds_or_nobody_checked_or_of_another_manifest_refuses(lay):
+    _offloaded(lay, "a")
+    (reason,) = lay.gate(offload_check=lambda run: "a/out/metrics.json is missing there")["reasons"]
+    assert reason == ("run proj/a (finished) is sealed, not pulled (no %s): run `rgt-run pull`; its export offload "
+                      "to s3t:b/p/proj/a/export does not hold now: a/out/metrics.json is missing there"
+                      % lay.marker("a"))
+    (reason,) = lay.gate()["reasons"]
+    assert reason.endswith("its export offload to s3t:b/p/proj/a/export was not checked (no rclone on the "
+                           "controller)")
+    _offloaded(lay, "c", sha="0" * 64)
+    reasons = lay.gate(offload_check=lambda run: None)["reasons"]
+    assert len(reasons) == 1 and "its export offload to s3t:b/p/proj/c/export is of another manifest" in reasons[0]
+
+
+def test_checkpoints_offloaded_without_the_export_still_refuse(lay):
+    lay.sealed("proj", "a")
+    lay.marker("a").unlink()
+    (lay.durable / "proj" / "active" / "a" / "offload.jsonl").write_text(json.dumps(
+        {"kind": "checkpoint", "name": "step_1", "ok": True, "verified": True}) + "\n")
+    verdict = lay.gate(offload_check=lambda run: None)
+    assert verdict["passed"] is False and verdict["runs"][0]["pull"] == "sealed, not pulled"
+
+
+def test_the_teardown_module_rechecks_an_offload_with_the_rclone_it_is_given_and_without_one_refuses(lay,
+                                                                                                    monkeypatch):
+    from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload
+    from ansible_collections.rgt.remote_gpu.plugins.modules import rgt_teardown
+
+    _offloaded(lay, "a")
+    given = []
+    monkeypatch.setattr(rgt_offload, "target_check", lambda binary: given.append(binary) or (lambda run: None))
+    p = {"confirm": IID, "instance_id": IID, "instance_hosts": ["box"], "host": "box", "box_runs": [lay.box()],
+         "runs_dir": str(lay.runs), "profile": PROFILE, "unlisted_hosts": [], "rclone_binary": "/x/rclone"}
+    assert rgt_teardown.check_gate(p)["passed"] is True and given == ["/x/rclone"]
+    verdict = rgt_teardown.check_gate(dict(p, rclone_binary=None))
+    assert verdict["passed"] is False and "was not checked" in verdict["reasons"][0]

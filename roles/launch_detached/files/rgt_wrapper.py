@@ -36,6 +36,7 @@ from shlex import quote as shell_quote
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_seal
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total,temperature.gpu"
@@ -424,16 +425,53 @@ class Wrapper:
     # -- offload (module_utils/rgt_offload, docs/offload.md)
     def start_offload(self, job):
         """The pusher to an rclone remote on a daemon thread of its own (a failure there is a record in
-        offload.jsonl, never the job's end); the Event that stops it."""
+        offload.jsonl, never the job's end); (the Event that stops it, the thread, the pusher) (None, None without
+        an offload to a remote)."""
         stopped = threading.Event()
         conf = rgt_offload.settings(job)
+        thread = pusher = None
         if conf and rgt_offload.remote_of(conf["to"]):
             pusher = rgt_offload.Offloader(self.paths.run_dir, self.paths.project, self.paths.run_id, job,
                                            self.attempt)
             thread = threading.Thread(target=pusher.loop, args=(stopped,), name="rgt-offload")
             thread.daemon = True
             thread.start()
-        return stopped
+        return stopped, thread, pusher
+
+    def seal_params(self, job):
+        """rgt_seal.seal's options for this run: exactly what a pull's closeout passes (roles/collect), from
+        job.json's `seal` (host, instance_id, job_name, declared_checkpoints, loader_python: written at launch),
+        or None when job.json has none (a Kubernetes run, an older launch)."""
+        conf = job.get("seal")
+        if not isinstance(conf, dict) or not conf.get("host"):
+            return None
+        return {"durable_root": self.paths.durable_root, "project": self.paths.project,
+                "run_id": self.paths.run_id, "host": conf["host"], "instance_id": conf.get("instance_id"),
+                "job_name": conf.get("job_name") or self.paths.run_id, "outputs": list(job.get("outputs") or []),
+                "declared_checkpoints": list(conf.get("declared_checkpoints") or []),
+                "loader_python": conf.get("loader_python"), "loader": getattr(rgt_seal.mf, "__file__", None),
+                "force_unfinished": False}
+
+    def finish_offload(self, job, reason, thread, pusher):
+        """After the end records, with an offload: the pusher's last round done, the last checkpoint offloaded,
+        then a finished run sealed (the seal a pull's closeout would make: never over a sealed export) and its
+        export offloaded and verified (OFFLOAD_VERIFIED.json). Every failure is a record; nothing raises."""
+        if pusher is None:
+            return
+        if thread is not None:
+            thread.join()
+        sealed = None
+        params = self.seal_params(job) if reason == "finished" else None
+        if params:
+            try:
+                sealed = rgt_seal.seal(params)
+            except rgt_seal.SealError as exc:
+                pusher.record({"kind": "export", "name": self.paths.run_id, "ok": False, "verified": False,
+                               "reason": "not sealed: %s" % exc.msg})
+            except Exception as exc:  # a seal that broke: the pull's closeout says why again
+                pusher.record({"kind": "export", "name": self.paths.run_id, "ok": False, "verified": False,
+                               "reason": "seal error: %s" % exc})
+        pusher.finish(sealed)
 
     # -- main
     def run(self):
@@ -485,7 +523,7 @@ class Wrapper:
             self.forward_stop()
         self.heartbeat(True)
 
-        offload_stop = self.start_offload(job)
+        offload_stop, offload_thread, pusher = self.start_offload(job)
         smi = shutil.which("nvidia-smi")
         next_beat = time.time() + heartbeat_s
         next_gpu = time.time()
@@ -524,6 +562,7 @@ class Wrapper:
             "attempt": self.attempt, "rc": rc, "signal": sig, "reason": reason, "ended_at": ended,
             "stop_signal": self.stop_signal}))
         self.drop_reserve()
+        self.finish_offload(job, reason, offload_thread, pusher)
         if echo is None:
             return 0
         while echo.pump():

@@ -101,6 +101,11 @@ TEARDOWN = paths.PLAYBOOKS_DIR / "teardown.yml"
 _gate = paths.module_util("rgt_gate")  # the gate's rules, the same file the rgt_teardown module runs
 
 
+def _offload_check():
+    """The gate's look at an offloaded export's target, from here with the controller's rclone (rgt_offload)."""
+    return paths.module_util("rgt_offload").target_check(paths.rclone_binary())
+
+
 def assess_instance(inst, look, runs: Path, lib) -> dict:
     """The plan of one instance (rgt.teardown.Instance): the verb, and the gate over the listings the read-only play
     brought back."""
@@ -132,7 +137,7 @@ def assess_instance(inst, look, runs: Path, lib) -> dict:
         return item
     boxes = [r["box"] for r in listed.values()]
     gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, boxes, str(runs), inst.profile, lib,
-                          unlisted=unlisted)
+                          unlisted=unlisted, offload_check=_offload_check())
     item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
     if item["verb"] == "scancel":  # the cluster's meter is its jobs: the same list the module cancels
         item["slurm_jobs"] = [j["job_id"] for j in paths.module_util("rgt_slurm").teardown_jobs(inst.instance_id,
@@ -231,7 +236,7 @@ class Ssh(Engine):
         run_hosts = [h for iid in running for h in by_id[iid].hosts]
         if not run_hosts:
             return []
-        evars = {**extravars, "rgt_runs_dir": str(runs),
+        evars = {**extravars, "rgt_runs_dir": str(runs), "rgt_rclone_binary": paths.rclone_binary(),  # offload_check
                  confirmation.CHANNEL: {h.name: h.instance_id for iid in confirmed for h in by_id[iid].hosts}}
         console.print(f"\n[bold]rgt[/bold] teardown of {len(running)} instance(s): "
                       + ", ".join(escape(iid) + (" (polling the stop in flight)" if iid in resumed else "")
