@@ -819,8 +819,9 @@ def _runs_of(doc) -> dict[str, dict]:
 
 
 def _cells_of(host) -> list[str]:
-    """The run ids of a sweep host's cells (rgt.sweeps.expand), in roster order."""
-    return [c.get("run_id") for c in (host.recalled or {}).get("cells") or [] if isinstance(c, dict)]
+    """The run ids of a sweep host's cells (rgt.sweeps.expand), in roster order: each cell's job names its run by
+    `run_id`, else by `name` (one rule with a run's id everywhere: rgt.memory.record_launch)."""
+    return [c.get("run_id") or c.get("name") for c in (host.recalled or {}).get("cells") or [] if isinstance(c, dict)]
 
 
 def _host_settled(host, doc: dict | None, extravars: dict) -> bool:
