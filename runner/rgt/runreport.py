@@ -493,9 +493,12 @@ def time_figure(doc: dict, facts: dict):
     return fig
 
 
-def _plot(figure):
+def _plot(figure, uses=None):
+    """A figure of one run as PNG bytes; `uses` picks what of the facts the figure reads (its content hash covers
+    that and the document; default: all the facts)."""
     def draw(doc: dict, facts: dict, previous: bytes | None = None) -> bytes | None:
-        return figure_png(lambda: figure(doc, facts), [figure.__name__, doc, facts], previous)
+        used = uses(facts) if uses else facts
+        return figure_png(lambda: figure(doc, facts), [figure.__name__, doc, used], previous)
 
     return draw
 
@@ -516,7 +519,7 @@ def plot_notes(doc: dict) -> list[str]:
 
 
 # key, the figure, its heading in the page, and what the page says when there is no figure
-PLOTS = (("steps", _plot(steps_figure), "Loss and metrics over steps",
+PLOTS = (("steps", _plot(steps_figure, uses=lambda facts: facts["attempts"]), "Loss and metrics over steps",
           "no loss lines in the log (rgt_job.log_patterns sets the patterns)"),
          ("time", _plot(time_figure), "Attempts and GPUs over time", "no attempts recorded yet"))
 
