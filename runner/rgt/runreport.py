@@ -255,9 +255,13 @@ def _code_hash() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def figure_key(inputs) -> str:
-    """The content hash of a figure's inputs (JSON data) and of the code that draws it."""
-    text = json.dumps(inputs, sort_keys=True, default=str, separators=(",", ":"))
+def figure_key(inputs) -> str | None:
+    """The content hash of a figure's inputs (JSON data) and of the code that draws it; None when they are not
+    JSON data (the figure is then always drawn)."""
+    try:
+        text = json.dumps(inputs, sort_keys=True, default=str, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
     return hashlib.sha256(f"{_code_hash()}\n{text}".encode()).hexdigest()
 
 
@@ -282,7 +286,7 @@ def figure_png(draw, inputs, previous: bytes | None) -> bytes | None:
     """The PNG of a figure: `previous` (the PNG on disk) when it was drawn from the same inputs, else `draw()`'s
     figure drawn now (None when draw gives no figure)."""
     key = figure_key(inputs)
-    if png_key(previous) == key:
+    if key is not None and png_key(previous) == key:
         return previous
     fig = draw()
     return _png(fig, key) if fig is not None else None
