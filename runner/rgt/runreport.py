@@ -18,7 +18,10 @@ import argparse
 import base64
 import bisect
 import functools
+import hashlib
 import io
+import json
+import struct
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -232,11 +235,68 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> bytes:
+def _png(fig, key: str | None = None) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight",
+                metadata={"Software": None, **({FIGURE_KEY: key} if key else {})})
     _pyplot().close(fig)
     return buf.getvalue()
+
+
+# A figure's PNG carries the content hash of what it was drawn from (a tEXt chunk): a report whose data did not
+# change since the last one (a re-pull, a second `rgt-run report` of a settled run) keeps the PNG on disk as it is,
+# and draws nothing (matplotlib's import and the drawing are most of a report's time). The hash covers this
+# module's source too: a change to how a figure is drawn redraws it.
+FIGURE_KEY = "rgt-figure"
+
+
+@functools.cache
+def _code_hash() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def figure_key(inputs) -> str | None:
+    """The content hash of a figure's inputs (JSON data) and of the code that draws it; None when they are not
+    JSON data (the figure is then always drawn)."""
+    try:
+        text = json.dumps(inputs, sort_keys=True, default=str, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(f"{_code_hash()}\n{text}".encode()).hexdigest()
+
+
+def png_key(data: bytes | None) -> str | None:
+    """The figure key a PNG written by _png carries, else None (no PNG, no key, a damaged file)."""
+    if not data or not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    at = 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        if kind == b"tEXt":
+            word, _, text = data[at + 8:at + 8 + length].partition(b"\0")
+            if word == FIGURE_KEY.encode():
+                return text.decode("latin-1")
+        at += 12 + length
+    return None
+
+
+def figure_png(draw, inputs, previous: bytes | None) -> bytes | None:
+    """The PNG of a figure: `previous` (the PNG on disk) when it was drawn from the same inputs, else `draw()`'s
+    figure drawn now (None when draw gives no figure)."""
+    key = figure_key(inputs)
+    if key is not None and png_key(previous) == key:
+        return previous
+    fig = draw()
+    return _png(fig, key) if fig is not None else None
+
+
+def _read_png(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 ATTEMPT_COLORS = ("#1565c0", "#6a1b9a", "#00838f", "#ef6c00", "#558b2f", "#ad1457", "#4e342e", "#283593")
@@ -437,10 +497,12 @@ def time_figure(doc: dict, facts: dict):
     return fig
 
 
-def _plot(figure):
-    def draw(doc: dict, facts: dict) -> bytes | None:
-        fig = figure(doc, facts)
-        return _png(fig) if fig is not None else None
+def _plot(figure, uses=None):
+    """A figure of one run as PNG bytes; `uses` picks what of the facts the figure reads (its content hash covers
+    that and the document; default: all the facts)."""
+    def draw(doc: dict, facts: dict, previous: bytes | None = None) -> bytes | None:
+        used = uses(facts) if uses else facts
+        return figure_png(lambda: figure(doc, facts), [figure.__name__, doc, used], previous)
 
     return draw
 
@@ -461,7 +523,7 @@ def plot_notes(doc: dict) -> list[str]:
 
 
 # key, the figure, its heading in the page, and what the page says when there is no figure
-PLOTS = (("steps", _plot(steps_figure), "Loss and metrics over steps",
+PLOTS = (("steps", _plot(steps_figure, uses=lambda facts: facts["attempts"]), "Loss and metrics over steps",
           "no loss lines in the log (rgt_job.log_patterns sets the patterns)"),
          ("time", _plot(time_figure), "Attempts and GPUs over time", "no attempts recorded yet"))
 
@@ -753,10 +815,12 @@ def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: f
         facts_by_host[host] = facts
         images, names = {}, {}
         for key, plot, _title, _missing in PLOTS:
-            data = plot(doc, facts)
+            name = f"report-{host}-{key}.png"
+            previous = _read_png(out / name)
+            data = plot(doc, facts, previous)
             if data:
-                name = f"report-{host}-{key}.png"
-                atomic_write_bytes(out / name, data)
+                if data is not previous:
+                    atomic_write_bytes(out / name, data)
                 images[key], names[key] = data, name
                 written.append(str(out / name))
         sections.append(host_section(doc, facts, images, names, logs_html(out, host)))
@@ -791,10 +855,14 @@ def write_sweep_report(root: Path, ledger: Path, roster: dict, docs: list[dict],
                           {"schema": "rgt/report-data/v1", "run_id": row["cell"], "sweep": name, "saved_at": now,
                            "doc": doc, "facts": row["facts"]})
     written, image = [], None
-    fig = sweep_loss_figure(s["rows"], cell_docs, f"sweep {name}: loss over steps, one line per cell")
-    if fig is not None:
-        image = _png(fig)
-        atomic_write_bytes(out / "report-loss.png", image)
+    title = f"sweep {name}: loss over steps, one line per cell"
+    previous = _read_png(out / "report-loss.png")
+    image = figure_png(lambda: sweep_loss_figure(s["rows"], cell_docs, title),
+                       ["sweep_loss_figure", title, [(r["label"], cell_curve(cell_docs.get(r["cell"])))
+                                                     for r in s["rows"]]], previous)
+    if image is not None:
+        if image is not previous:
+            atomic_write_bytes(out / "report-loss.png", image)
         written.append(str(out / "report-loss.png"))
     no_loss = [c for c, d in cell_docs.items() if not cell_curve(d)[0]]
     html_path = out / "report.html"
@@ -819,8 +887,9 @@ def _runs_of(doc) -> dict[str, dict]:
 
 
 def _cells_of(host) -> list[str]:
-    """The run ids of a sweep host's cells (rgt.sweeps.expand), in roster order."""
-    return [c.get("run_id") for c in (host.recalled or {}).get("cells") or [] if isinstance(c, dict)]
+    """The run ids of a sweep host's cells (rgt.sweeps.expand), in roster order: each cell's job names its run by
+    `run_id`, else by `name` (one rule with a run's id everywhere: rgt.memory.record_launch)."""
+    return [c.get("run_id") or c.get("name") for c in (host.recalled or {}).get("cells") or [] if isinstance(c, dict)]
 
 
 def _host_settled(host, doc: dict | None, extravars: dict) -> bool:

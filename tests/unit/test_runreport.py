@@ -370,3 +370,17 @@ def test_a_running_attempt_on_a_skewed_box_counts_its_own_time():
     assert facts["idle_after_end_s"] is None
     ahead = runreport.run_facts(skewed_doc(state="running", box_behind=-DAY), now=T0 + 100)
     assert ahead["wall_s"] == pytest.approx(100) and ahead["clock_offset_s"] == -DAY
+
+
+def test_a_second_report_redraws_only_the_figure_whose_data_changed(tmp_path):
+    """The steps figure reads the document and the attempts: a later report of the same settled run keeps its PNG
+    as it is; the time figure shows the time billed until this report, so it is drawn again."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "runs" / "exp1"
+    runreport.write_report(tmp_path / "runs", tmp_path / "ledger", "exp1", [preempted_doc()], now=T0 + 3600)
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in out.glob("*.png")}
+    rep = runreport.write_report(tmp_path / "runs", tmp_path / "ledger", "exp1", [preempted_doc()], now=T0 + 7200)
+    after = {p.name: (p.stat().st_ino, p.read_bytes()) for p in out.glob("*.png")}
+    assert sorted(rep["pngs"]) == sorted(str(out / n) for n in before)
+    assert after["report-box-steps.png"] == before["report-box-steps.png"]
+    assert after["report-box-time.png"][0] != before["report-box-time.png"][0]

@@ -210,3 +210,36 @@ def test_the_status_round_documents_are_grouped_by_the_roster_and_a_cell_with_no
     # b is outside this play: nothing in the ledger's status of b, but the last report saved B
     assert [(c["cell"], c["state"]) for c in rep["cells"]] == [(A, "finished"), (B, "finished"), (C, "missing")]
     assert rep["cells"][1]["source"].startswith("b is outside this play now: data as of the last report")
+
+
+def test_a_report_of_unchanged_data_keeps_its_figure_and_draws_nothing_and_new_data_redraws_it(tmp_path,
+                                                                                               monkeypatch):
+    """A re-pull (or a second report) of a settled sweep: the PNG carries the hash of what it was drawn from, so
+    the same data keeps the file on disk as it is and draws nothing; a changed loss draws it again."""
+    pytest.importorskip("matplotlib")
+    docs = [finished_doc("a", A, 5.0), preempted_doc("b", B)]
+    png = tmp_path / "runs" / NAME / "report-loss.png"
+    write(tmp_path, docs)
+    first, inode = png.read_bytes(), png.stat().st_ino
+    assert runreport.png_key(first)
+    real = runreport.sweep_loss_figure
+    monkeypatch.setattr(runreport, "sweep_loss_figure", lambda *a: pytest.fail("drew an unchanged figure"))
+    rep = runreport.write_sweep_report(tmp_path / "runs", tmp_path / "ledger", roster(), docs, now=T0 + 9999)
+    assert rep["pngs"] == [str(png)] and png.stat().st_ino == inode and png.read_bytes() == first
+    (image,) = re.findall(r'data-plot="sweep-loss"[^>]*src="data:image/png;base64,([^"]+)"',
+                          (png.parent / "report.html").read_text())
+    assert base64.b64decode(image) == first
+    monkeypatch.setattr(runreport, "sweep_loss_figure", real)
+    runreport.write_sweep_report(tmp_path / "runs", tmp_path / "ledger", roster(),
+                                 [finished_doc("a", A, 7.0), preempted_doc("b", B)], now=T0 + 9999)
+    assert png.read_bytes() != first and runreport.png_key(png.read_bytes()) != runreport.png_key(first)
+
+
+def test_a_sweep_host_whose_cells_are_remembered_by_name_is_seen_settled():
+    """The ledger remembers a cell's job by `name` or `run_id` (one rule for a run's id): either way the report
+    after a pull reuses a settled status instead of polling the box again."""
+    host = sweep_host("b", [B, C])
+    host.recalled = {"job": {"name": B}, "cells": [{"name": B}, {"name": C, "outputs": []}]}
+    doc = {**preempted_doc("b", B), "other_runs": [finished_doc("b", C, 3.0)]}
+    assert runreport._host_settled(host, doc, {})
+    assert not runreport._host_settled(host, {**doc, "other_runs": []}, {})
