@@ -320,6 +320,22 @@ def read_records(run_dir):
     return rl.read_jsonl(records_path(run_dir))
 
 
+def beyond_keep(records, keep):
+    """The copies (their names, oldest first) that records show verified and not yet pruned, beyond the newest
+    `keep`: what a prune removes (from the target, or from the controller's copies)."""
+    names = []
+    gone = set()
+    for r in records:
+        if r.get("kind") == "checkpoint" and r.get("ok") and r.get("verified"):
+            if r["name"] in names:
+                names.remove(r["name"])
+            names.append(r["name"])
+            gone.discard(r["name"])
+        elif r.get("kind") == "prune" and r.get("ok"):
+            gone.add(r.get("name"))
+    return [name for name in names[:-int(keep)] if name not in gone]
+
+
 def newest_verified(records, kind="checkpoint"):
     """The newest record of a verified copy of this kind still on the target (not pruned since), or None."""
     live, order = {}, []
@@ -686,20 +702,7 @@ class Offloader(object):
 
     def prune(self):
         """Delete the checkpoints this run copied beyond the newest `keep` from the target (never the export)."""
-        records = read_records(self.run_dir)
-        names = []
-        gone = set()
-        for r in records:
-            if r.get("kind") == "checkpoint" and r.get("ok") and r.get("verified"):
-                if r["name"] in names:
-                    names.remove(r["name"])
-                names.append(r["name"])
-                gone.discard(r["name"])
-            elif r.get("kind") == "prune" and r.get("ok"):
-                gone.add(r.get("name"))
-        for name in names[:-int(self.conf["keep"])]:
-            if name in gone:
-                continue
+        for name in beyond_keep(read_records(self.run_dir), self.conf["keep"]):
             dest = "%s/checkpoints/%s" % (self.base, name)
             rc, _out, err = self.rclone.run("purge", dest)
             self.record({"kind": "prune", "name": name, "dest": dest, "ok": rc == 0,

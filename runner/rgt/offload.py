@@ -109,21 +109,9 @@ def record(folder: Path, doc: dict, clock=time.time) -> dict:
 
 def prune(folder: Path, keep: int, clock=time.time) -> None:
     """Remove the copies beyond the newest `keep` verified ones (a prune record each)."""
-    names: list[str] = []
-    gone = set()
-    for r in _offload.read_records(str(folder)):
-        if r.get("kind") == "checkpoint" and r.get("ok") and r.get("verified"):
-            if r["name"] in names:
-                names.remove(r["name"])
-            names.append(r["name"])
-            gone.discard(r["name"])
-        elif r.get("kind") == "prune" and r.get("ok"):
-            gone.add(r.get("name"))
-    for name in names[:-int(keep)]:
-        if name not in gone:
-            shutil.rmtree(folder / "checkpoints" / name, ignore_errors=True)
-            record(folder, {"kind": "prune", "name": name, "dest": str(folder / "checkpoints" / name), "ok": True},
-                   clock)
+    for name in _offload.beyond_keep(_offload.read_records(str(folder)), keep):
+        shutil.rmtree(folder / "checkpoints" / name, ignore_errors=True)
+        record(folder, {"kind": "prune", "name": name, "dest": str(folder / "checkpoints" / name), "ok": True}, clock)
 
 
 # ---------------------------------------------------------------- the box

@@ -55,15 +55,6 @@ JOB_KEYS = ("name", "run_id", "outputs", "checkpoint", "python", "verify_command
 ITEM_LINE = re.compile(r"^>f\S* (.+)$", re.M)  # rsync's --out-format "%i %n": a file received
 
 
-def _templated(value) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, dict):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_templated(v) for v in value)
-    return False
-
 
 def _setting(host: Host, extravars: dict, name: str):
     return extravars[name] if name in extravars else host.vars.get(name, SETTINGS[name])
@@ -102,7 +93,7 @@ def _problem(host: Host, extravars: dict, params: dict) -> str | None:
             return f"{name} is set: only the role reads it"
     values = [_setting(host, extravars, name) for name in SETTINGS] + [_job(host).get(k) for k in JOB_KEYS] + \
         [host.vars.get("rgt_project"), host.vars.get("rgt_durable_root"), params["durable_root"]]
-    if any(_templated(v) for v in values) or not params["durable_root"]:
+    if any(sshround.templated(v) for v in values) or not params["durable_root"]:
         return "a collect setting is a template: only Ansible can evaluate it"
     try:
         for name in ("collect_timeout_s", "collect_retries", "collect_retry_delay_s"):

@@ -91,8 +91,15 @@ def ssh_config(cfg_path: Path | None = None, env: dict | None = None) -> SshConf
     return SshConfig(ssh_args=shlex.split(args), control_path_dir=cp_dir, timeout=int(timeout))
 
 
-def _templated(value) -> bool:
-    return isinstance(value, str) and ("{{" in value or "{%" in value)
+def templated(value: object) -> bool:
+    """Is `value` (a string, or any string inside a dict or list) a Jinja template Ansible would render?"""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(templated(v) for v in value.values())
+    if isinstance(value, list):
+        return any(templated(v) for v in value)
+    return False
 
 
 def _var(hv: dict, *names: str):
@@ -129,7 +136,7 @@ class Target:
 
 def python_of(host: Host) -> str:
     interp = host.vars.get("ansible_python_interpreter")
-    if isinstance(interp, str) and interp and not _templated(interp) and not interp.startswith("auto"):
+    if isinstance(interp, str) and interp and not templated(interp) and not interp.startswith("auto"):
         return interp
     return sys.executable if host.is_local else "python3"
 
@@ -157,7 +164,7 @@ def target_for(inventory: str, host: Host, extravars: dict | None = None, cfg: S
     for what, value in (("ansible_host", address), ("ansible_user", user), ("ansible_port", port),
                         ("ansible_ssh_private_key_file", key), ("ansible_ssh_common_args", common),
                         ("ansible_ssh_args", own_args), ("rgt_known_hosts", hv.get("rgt_known_hosts"))):
-        if _templated(value):
+        if templated(value):
             raise ValueError(f"{what} is a template ({value}); only Ansible can evaluate it")
     known_hosts = str(known_hosts_file(inventory, host))
     ssh_args = shlex.split(own_args) if own_args else list(cfg.ssh_args)
@@ -177,7 +184,7 @@ def target_for(inventory: str, host: Host, extravars: dict | None = None, cfg: S
     argv += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
              "-o", f"HostKeyAlias={host.instance_id}"]
     extra = (extravars or {}).get("ansible_ssh_extra_args")
-    if isinstance(extra, str) and extra and not _templated(extra):
+    if isinstance(extra, str) and extra and not templated(extra):
         argv += shlex.split(extra)
     if not _has_option(argv, "BatchMode"):
         argv += ["-o", "BatchMode=yes"]  # never a password prompt in a round

@@ -37,15 +37,6 @@ ROUND_VARS = ("ansible_connection", "ansible_host", "ansible_ssh_host", "ansible
               "monitor_run_id", "run_context_project", "run_context_run_id")
 
 
-def _templated(value: object) -> bool:
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, dict):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_templated(v) for v in value)
-    return False
-
 
 def rendered(args: argparse.Namespace, hosts: list, extravars: dict) -> list:
     """`hosts`, each whose round values are Ansible templates (`{{ lookup('env', 'PWD') }}/.rgt/...`, `{{
@@ -53,9 +44,9 @@ def rendered(args: argparse.Namespace, hosts: list, extravars: dict) -> list:
     no box contacted). The host's own values are rendered (a remembered job's too), and of rgt_job only the run id."""
     todo: dict[str, dict] = {}
     for host in hosts:
-        values = {k: host.vars[k] for k in ROUND_VARS if k != "rgt_job" and _templated(host.vars.get(k))}
+        values = {k: host.vars[k] for k in ROUND_VARS if k != "rgt_job" and sshround.templated(host.vars.get(k))}
         job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
-        named = {k: job[k] for k in ("run_id", "name") if _templated(job.get(k))}
+        named = {k: job[k] for k in ("run_id", "name") if sshround.templated(job.get(k))}
         if named:
             values["rgt_job"] = named
         if values:
