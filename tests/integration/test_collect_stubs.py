@@ -252,7 +252,8 @@ def records(runs: Path, run_id: str) -> dict:
     the same code writes after either)."""
     out = {}
     for path in sorted((runs / run_id).rglob("*")):
-        if path.is_file() and ".incoming" not in path.parts and not path.name.startswith(("report.", "report-", "rp.report.")):
+        report = path.name.startswith(("report.", "report-", "rp.report."))  # its pages, figures and records
+        if path.is_file() and ".incoming" not in path.parts and not report:
             data = path.read_bytes()
             if path.name == "rp.PULL_VERIFIED.json":
                 data = json.dumps({k: v for k, v in json.loads(data).items() if k != "verified_at"}).encode()
