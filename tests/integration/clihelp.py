@@ -1,6 +1,10 @@
 """Helpers shared by integration tests (import as `from clihelp import ...`)."""
 
 import json
+import os
+import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,3 +52,31 @@ def kubectl_binary() -> str | None:
         return k8s_engine.find_kubectl()
     except RgtError:
         return None
+
+
+def procs_with(text: str) -> list[int]:
+    """pids whose argv contains text (from /proc, so the test's own commands never match; zombies left out)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(text.encode() in a for a in argv):
+            found.append(int(entry))
+    return found
+
+
+def end_local_runs(run_dir: Path, tmux_dir: Path) -> None:
+    """After a test that ran jobs here (the local profile): kill what still runs in `run_dir`, the tmux server of
+    `tmux_dir` (the test's TMUX_TMPDIR), and remove that directory."""
+    for pid in procs_with(str(run_dir)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    subprocess.run(["tmux", "kill-server"], capture_output=True, env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)})
+    shutil.rmtree(tmux_dir, ignore_errors=True)

@@ -5,17 +5,14 @@ its checkpoint. The job is examples/tiny_train (it checkpoints and exits on RGT_
 a local command that appends each message it gets to a file."""
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from clihelp import read_json, wait_for
+from clihelp import end_local_runs, read_json, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "examples" / "tiny_train" / "train.py"
@@ -23,20 +20,6 @@ TINY = REPO / "examples" / "tiny_train" / "train.py"
 pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
               pytest.mark.skipif(not (REPO / ".venv" / "bin" / "ansible-playbook").exists(),
                                  reason="needs .venv with ansible-core")]
-
-
-def _pids_under(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(text.encode() in a for a in argv):
-            found.append(int(entry))
-    return found
 
 
 @pytest.fixture
@@ -65,13 +48,7 @@ def project(tmp_path):
     run_dir = durable / "demo" / "active" / "capped"
     env = {"TMUX_TMPDIR": str(tmux_dir)}
     yield {"root": tmp_path, "run_dir": run_dir, "env": env, "job": job, "notes": notes}
-    for pid in _pids_under(str(run_dir)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    subprocess.run(["tmux", "kill-server"], capture_output=True, env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)})
-    shutil.rmtree(tmux_dir, ignore_errors=True)
+    end_local_runs(run_dir, tmux_dir)
 
 
 def _thresholds(notes: Path) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clihelp import read_json, wait_for
+from clihelp import end_local_runs, procs_with, read_json, wait_for
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_bundle
 
@@ -62,22 +62,6 @@ def tiny_command(steps=40, ckpt_every=10, sleep=0.05, seed=1234):
 
 def read_json_lines(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def procs_with(text):
-    """pids whose argv contains text (from /proc, so the test's own commands never match)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-            state = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(text.encode() in a for a in argv):
-            found.append(int(entry))
-    return found
 
 
 class Box:
@@ -564,13 +548,7 @@ def project(tmp_path):
     env = {"TMUX_TMPDIR": str(tmux_dir), "VIRTUAL_ENV": str(REPO / ".venv"),
            "PATH": os.pathsep.join([str(REPO / ".venv" / "bin"), os.environ.get("PATH", "")])}
     yield {"root": tmp_path, "declared": declared, "run_dir": run_dir, "env": env}
-    for pid in procs_with(str(run_dir)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    subprocess.run(["tmux", "kill-server"], capture_output=True, env={**os.environ, "TMUX_TMPDIR": str(tmux_dir)})
-    shutil.rmtree(tmux_dir, ignore_errors=True)
+    end_local_runs(run_dir, tmux_dir)
 
 
 @needs_tmux
