@@ -93,6 +93,24 @@ def _field_path(error: jsonschema.ValidationError) -> str:
     return out
 
 
+_SECRETISH = re.compile(r"secret|credential|token|passw|key|webhook|auth", re.I)
+ECHO_MAX = 24  # a longer refused value is not repeated: it may be a key pasted into the wrong field
+
+
+def _unechoed(error: jsonschema.ValidationError, fld: str) -> str:
+    """The schema's message, without the refused value where it may be a secret: a value longer than ECHO_MAX
+    characters, or any value of a field whose name reads like a secret's. Short values (a typo in an enum, a
+    word where a number belongs) stay: they are what makes the message useful."""
+    shown = repr(error.instance)
+    if shown not in error.message or (len(shown) <= ECHO_MAX + 2 and not _SECRETISH.search(fld)):
+        return error.message
+    value = error.instance
+    what = (f"a string of {len(value)} characters" if isinstance(value, str)
+            else f"a list of {len(value)} items" if isinstance(value, list)
+            else f"a mapping of {len(value)} keys" if isinstance(value, dict) else f"a {type(value).__name__}")
+    return error.message.replace(shown, f"the value given ({what}, not shown)")
+
+
 def explain(error: jsonschema.ValidationError, where: str) -> InputError:
     """Turn a schema error into one sentence naming the field and the fix."""
     fld = _field_path(error)
@@ -117,8 +135,13 @@ def explain(error: jsonschema.ValidationError, where: str) -> InputError:
         hint = _offload.input_hint(fld)  # the value may hold a key: never echoed
         if hint:
             return InputError(f"{where}: field '{fld}' is invalid: {hint[0]}", fix=hint[1], field=fld)
+    if fld.endswith("secrets") or re.search(r"\.secrets\[\d+\]$", fld):
+        # a value pasted where a NAME belongs is a secret: never echoed
+        return InputError(f"{where}: field '{fld}' must list NAMES of environment variables of this shell (e.g. "
+                          "HF_TOKEN), not their values", fix="export HF_TOKEN=... here and write secrets: "
+                          "[HF_TOKEN]", field=fld)
     desc = error.schema.get("description", "")
-    return InputError(f"{where}: field '{fld}' is invalid: {error.message}",
+    return InputError(f"{where}: field '{fld}' is invalid: {_unechoed(error, fld)}",
                       fix=(f"expected {error.validator} {error.validator_value!r}" + (f" — {desc}" if desc else "")),
                       field=fld)
 
@@ -211,6 +234,15 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
             _sweep.cells(job)
         except _sweep.SweepError as exc:
             raise InputError(f"{where}: {exc}", fix=exc.fix, field=exc.field) from exc
+
+
+def secret_name_shown(name: str) -> str:
+    """A secret's NAME as a message may show it: an UPPER_CASE name as it is; anything else (`hf_Zq8...`: a
+    token's value pasted where its variable's name belongs passes the name pattern) by its length only."""
+    if re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", name):
+        return name
+    return (f"a name of {len(name)} characters that is not UPPER_CASE (not shown: it may be the secret's value; "
+            "write the NAME of the variable that holds it)")
 
 
 def missing_secrets(hosts: list[Host]) -> dict[str, list[str]]:

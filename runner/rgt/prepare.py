@@ -23,7 +23,7 @@ import yaml
 
 from rgt import confirmation, engines, jobspec, k8s_engine, memory, paths, profiles, sshround, sweeps
 from rgt.errors import InputError, RgtError
-from rgt.inventory import Host, ansible_env, check_pins, load_hosts, missing_secrets, validate_job
+from rgt.inventory import Host, ansible_env, check_pins, load_hosts, missing_secrets, secret_name_shown, validate_job
 from rgt.ledger import ledger_dir
 
 MAX_VARS_FILE_BYTES = 8 << 20
@@ -245,11 +245,14 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False, cho
     if playbook.stem in SECRET_PLAYBOOKS:
         missing = missing_secrets(ssh_hosts)
         if missing:
-            listed = "; ".join(f"{name} (for {', '.join(on)})" for name, on in sorted(missing.items()))
+            listed = "; ".join(f"{secret_name_shown(name)} (for {', '.join(on)})"
+                               for name, on in sorted(missing.items()))
+            names = [name for name in sorted(missing) if secret_name_shown(name) == name]
+            export = ("export " + " ".join(f"{name}=..." for name in names) if names
+                      else "write each variable's NAME in rgt_job.secrets (e.g. HF_TOKEN) and export it")
             raise InputError(f"secret variable(s) not set in this environment: {listed}",
-                             fix="export " + " ".join(f"{name}=..." for name in sorted(missing)) + " in this shell "
-                                 "(rgt reads each secret by name and never stores it), or remove it from "
-                                 "rgt_job.secrets", field="rgt_job.secrets")
+                             fix=export + " in this shell (rgt reads each secret by name and never stores it), or "
+                                 "remove it from rgt_job.secrets", field="rgt_job.secrets")
     if pins:
         check_pins(args.inventory, ssh_hosts)
     if playbook.stem == "train" and not plan and not getattr(args, "check", False):

@@ -219,6 +219,19 @@ def test_a_missing_secret_is_named_before_anything_runs(rgt, tmp_path):
     nothing_ran(rgt, tmp_path)
 
 
+@pytest.mark.parametrize("over, field", [
+    ({"secrets": ["hf_Zq8pLmN3vXc7Rt2Wy5Ab9Kd4Ef6Gh1Jk"]}, "rgt_job.secrets"),  # passes the name pattern
+    ({"secrets": ["sk-ant-Zq8pLmN3vXc7Rt2Wy5Ab9Kd4Ef6Gh1Jk"]}, "rgt_job.secrets[0]"),
+    ({"env": {"HF_TOKEN": ["hf_Zq8pLmN3vXc7Rt2Wy5Ab9Kd4Ef6Gh1Jk"]}}, "rgt_job.env.HF_TOKEN"),
+    ({"name": "hf_Zq8pLmN3vXc7Rt2Wy5Ab9Kd4Ef6Gh1Jk!"}, "rgt_job.name"),
+])
+def test_a_key_pasted_into_the_wrong_field_is_refused_without_repeating_it(rgt, tmp_path, over, field):
+    result = rgt("playbooks/train.yml", "-i", inventory(tmp_path), "-e", json.dumps(good_job(**over)), "--json")
+    refused(result, field=field)
+    assert "Zq8pLmN3vXc7" not in result.stdout + result.stderr
+    nothing_ran(rgt, tmp_path)
+
+
 def test_a_teardown_confirmation_stored_in_the_inventory_is_refused(rgt, tmp_path):
     inv = write_inventory(tmp_path / "inv", {"box": {**LOCAL}}, group_vars={"rgt_teardown_confirm": "localhost"})
     result = rgt("teardown", "-i", inv, "--confirm", "localhost", "--json")
