@@ -117,6 +117,7 @@ def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_ta
 
             first = wait_for(copied, 120, "a verified checkpoint offload", interval=0.5)
             running = not (run_dir / ".rgt" / "exit.json").exists()
+            ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
             wait_for(lambda: (run_dir / "OFFLOAD_VERIFIED.json").is_file(), 180, "the export offloaded at the end")
             assert running, "the first copy was made while the job ran"
             assert first[0]["dest"].startswith(f"{REMOTE}:rgt/off/proj/koff.1/checkpoints/")
@@ -153,7 +154,7 @@ def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_ta
             values = [pod_side[f"RCLONE_CONFIG_{REMOTE.upper()}_SECRET_ACCESS_KEY"],
                       pod_side[f"RCLONE_CONFIG_{REMOTE.upper()}_ACCESS_KEY_ID"]]
             others = [r for r in fake.requests if not r["path"].endswith(f"/secrets/{SECRET}")]
-            texts = [json.dumps(r, default=str) for r in others] + [trained.stdout, trained.stderr]
+            texts = [json.dumps(r, default=str) for r in others] + [trained.stdout, trained.stderr, ps]
             texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
             texts += [p.read_text(errors="replace") for p in run_dir.rglob("*")
                       if p.is_file() and p.suffix in (".json", ".jsonl", ".log", ".yaml")]
