@@ -25,9 +25,9 @@ the claim itself unless the job spec names an existing one. Pure: dicts in, dict
   ``nvidia.com/gpu`` limit equal to the job's GPU count, the claim name of the durable volume matching the claim,
   the volume mounted at the durable root, ``terminationGracePeriodSeconds`` the job's grace + END_RECORDS_S, secrets
   only by reference (no ``value`` for a secret's name, every ``secretKeyRef``/``secretRef`` naming the job's
-  Secret, an offload credential's the run's offload Secret, no Secret object), and when the run is staged: the stage container mounts the claim at the durable root
-  and the stage volume, and that volume is the ConfigMap among the manifests. Returns ``[(field, message, fix)]``,
-  empty when the manifests pass.
+  Secret, an offload credential's the run's offload Secret, no Secret object), and when the run is staged: the
+  stage container mounts the claim at the durable root and the stage volume, and that volume is the ConfigMap
+  among the manifests. Returns ``[(field, message, fix)]``, empty when the manifests pass.
 - ``label_value(name)`` / ``object_name(*parts)``: Kubernetes-safe forms of rgt names (run id, project), derived
   deterministically; the exact names ride along as annotations.
 
