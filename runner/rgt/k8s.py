@@ -233,13 +233,18 @@ def shown(doc: dict) -> dict:
     return out
 
 
+def pushes(job: dict) -> bool:
+    """Does the job's pod push an offload (rgt_offload: `offload.to` an rclone remote, not `controller`)?"""
+    off = paths.module_util("rgt_offload")
+    conf = off.settings(job)
+    return conf is not None and off.remote_of(conf["to"]) is not None
+
+
 def offload_job(host: str, job: dict, run_paths) -> dict:
     """The job as job.json holds it: with an offload to an rclone remote, `offload.rclone` names the controller's
     rclone as the engine ships it onto the claim (k8s_engine.rclone_path; the pod's wrapper runs it, else the
     image's own rclone on PATH). InputError when this controller has no rclone to ship."""
-    off = paths.module_util("rgt_offload")
-    conf = off.settings(job)
-    if conf is None or off.remote_of(conf["to"]) is None:
+    if not pushes(job):
         return job
     from rgt import k8s_engine  # the engine ships it: one home for where it goes
     binary = paths.rclone_binary()

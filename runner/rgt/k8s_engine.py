@@ -21,6 +21,11 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   pod: a ConfigMap with the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the module_utils
   it imports), a bare pod in the job's image and python with the claim read-write at the durable root; its one
   JSON line from `kubectl logs`; pod and ConfigMap deleted in every case.
+- `ship_rclone(kc, claim, job, binary)`, `offload_values(job)`, `apply_offload_secret(kc, job, run_paths, values)`:
+  what a run with an offload to an rclone remote needs before its Job is applied (docs/kubernetes.md "Offload
+  from the pod"): the controller's rclone on the claim (a read-write helper pod, the binary on exec's stdin,
+  SHA-256 checked there) and the run's Secret of its credentials from this shell's environment (on stdin).
+  `read_claim_files(kc, pod, rels)`: small files off the claim (the teardown gate's look at an offloaded export).
 - `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
   off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
   (module_utils/rgt_pullverify, the module rgt_pull_verify's) into the same local layout: `<runs>/<run_id>/<host>/`,
@@ -588,6 +593,15 @@ def collect(kc: Kubectl, claim: str, remote_dir: str, local_dir: str | os.PathLi
     return {"helper_pod": pod, "files": files, "bytes": size, "local_dir": str(local_dir)}
 
 
+def _exec(argv: list[str], timeout: float, what: str, stdin=None) -> subprocess.CompletedProcess:
+    """One kubectl exec with bytes in and out; ClusterUnreachable when it did not end within `timeout`."""
+    try:
+        return subprocess.run(argv, stdin=stdin, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterUnreachable(f"{what} did not end within {timeout:.0f} s",
+                                 fix="check the cluster (kubectl cluster-info) and run it again") from exc
+
+
 def read_claim_files(kc: Kubectl, pod: str, rels: Iterable[str]) -> dict[str, bytes | None]:
     """{rel: its bytes, or None when it is not a file} of files on the claim (relative to its root), read in the
     helper pod `pod` (`kubectl exec POD -- sh -c 'test -f .. && cat ..'`); KubectlError when the exec fails."""
@@ -595,7 +609,7 @@ def read_claim_files(kc: Kubectl, pod: str, rels: Iterable[str]) -> dict[str, by
     for rel in rels:
         argv = kc.argv("exec", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c",
                        'if [ -f "$1" ]; then cat "$1"; else exit 3; fi', "sh", claim_path(rel))
-        proc = subprocess.run(argv, capture_output=True, timeout=DEFAULT_TIMEOUT_S, check=False)
+        proc = _exec(argv, DEFAULT_TIMEOUT_S, f"kubectl exec {pod} (a read on the claim)")
         if proc.returncode not in (0, 3):
             raise failure(("exec", pod, "cat"), proc.stderr.decode(errors="replace"))
         out[rel] = proc.stdout if proc.returncode == 0 else None
@@ -650,9 +664,8 @@ def ship_rclone(kc: Kubectl, claim: str, job: dict, binary: str, image: str = HE
         if len(look) > 1 and look[1].split()[0] == sha:
             return dict(done, action="present")
         with open(binary, "rb") as handle:
-            proc = subprocess.run(kc.argv("exec", "-i", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c", _PUT, "sh",
-                                          where), stdin=handle, capture_output=True, timeout=SHIP_TIMEOUT_S,
-                                  check=False)
+            proc = _exec(kc.argv("exec", "-i", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c", _PUT, "sh", where),
+                         SHIP_TIMEOUT_S, f"kubectl exec {pod} (rclone onto the claim)", stdin=handle)
     if proc.returncode != 0:
         raise failure(("exec", pod, "rclone"), proc.stderr.decode(errors="replace"))
     got = (proc.stdout.decode(errors="replace").split() or ["?"])[0]

@@ -212,9 +212,7 @@ def offload_parts(kc, tgt: Target, values: dict[str, str] | None) -> list[dict]:
     onto the claim (k8s_engine.ship_rclone) and the run's offload Secret made from `values`, this shell's
     environment (k8s_engine.apply_offload_secret; None: the run's Secret is kept as it is). Entries in
     k8s_engine.apply's shape ({kind, name, action})."""
-    off = paths.module_util("rgt_offload")
-    conf = off.settings(tgt.job)
-    if conf is None or off.remote_of(conf["to"]) is None:
+    if not k8s.pushes(tgt.job):
         return []
     done = []
     shipped = k8s_engine.ship_rclone(kc, tgt.claim, tgt.job, paths.rclone_binary())
@@ -336,12 +334,6 @@ def _claim_export(tgt: Target) -> tuple[dict, dict | None]:
     return export, doc if isinstance(doc, dict) else None
 
 
-def _offloads(tgt: Target) -> bool:
-    off = paths.module_util("rgt_offload")
-    conf = off.settings(tgt.job)
-    return conf is not None and off.remote_of(conf["to"]) is not None
-
-
 def _mount(profile: dict, rows: list[dict]) -> dict | None:
     """The profile's mount that holds the runs (the claim's, at the durable root): what the gate says of their
     files."""
@@ -380,7 +372,7 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
             row = {"project": tgt.run_paths.project, "run_id": tgt.run_id, "run_dir": tgt.run_paths.run_dir,
                    "state": _states.gate_state(seen["state"]), "attempt": seen.get("attempt"),
                    "export": _export(runs, tgt.run_id, host.name), "offload": None}
-            if _offloads(tgt) and row["state"] not in ("live", "queued"):
+            if k8s.pushes(tgt.job) and row["state"] not in ("live", "queued"):
                 try:  # its export as the claim holds it now, and whether the pod offloaded it (docs/offload.md)
                     export, row["offload"] = _claim_export(tgt)
                     row["export"] = export or row["export"]
