@@ -25,14 +25,17 @@ the claim itself unless the job spec names an existing one. Pure: dicts in, dict
   ``nvidia.com/gpu`` limit equal to the job's GPU count, the claim name of the durable volume matching the claim,
   the volume mounted at the durable root, ``terminationGracePeriodSeconds`` the job's grace + END_RECORDS_S, secrets
   only by reference (no ``value`` for a secret's name, every ``secretKeyRef``/``secretRef`` naming the job's
-  Secret, no Secret object), and when the run is staged: the stage container mounts the claim at the durable root
-  and the stage volume, and that volume is the ConfigMap among the manifests. Returns ``[(field, message, fix)]``,
-  empty when the manifests pass.
+  Secret, an offload credential's the run's offload Secret, no Secret object), and when the run is staged: the
+  stage container mounts the claim at the durable root and the stage volume, and that volume is the ConfigMap
+  among the manifests. Returns ``[(field, message, fix)]``, empty when the manifests pass.
 - ``label_value(name)`` / ``object_name(*parts)``: Kubernetes-safe forms of rgt names (run id, project), derived
   deterministically; the exact names ride along as annotations.
 
 Secrets: a job secret NAME becomes the key of the same name in the Secret ``rgt_job.k8s.secret_name``
-(``valueFrom.secretKeyRef``); rgt never reads, writes or prints a value here.
+(``valueFrom.secretKeyRef``); rgt never reads, writes or prints a value here. An offload to an rclone remote
+(docs/offload.md) gets its ``offload.credentials`` the same way, from the run's own Secret ``offload_secret_name``
+(the Job's name + ``-offload``), which the engine creates from the controller's environment
+(runner/rgt/k8s_engine.apply_offload_secret; ``offload_secret`` builds it): never among the manifests, never shown.
 
 Python 3.6+, stdlib only, no import of another module_util.
 """
@@ -76,6 +79,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_PROJECT = "rgt/project"
 ANNOTATION_RUN_ID = "rgt/run-id"
 ANNOTATION_RUN_DIR = "rgt/run-dir"
+OFFLOAD_SECRET_SUFFIX = "-offload"  # the run's Secret of its offload credentials: <job name>-offload
+OFFLOAD_CONTROLLER = "controller"  # offload.to: controller pushes nothing from the pod (rgt_offload.CONTROLLER)
 
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _LABEL_MAX = 63
@@ -189,6 +194,13 @@ def settings(job):
         if name in secrets:
             raise K8sError("rgt_job.env.%s" % name, "%s is both a plain env value and a secret" % name,
                            "remove it from rgt_job.env: a secret is only named in rgt_job.secrets")
+    credentials = offload_credentials(job)
+    for i, name in enumerate(credentials):
+        if name in secrets or name in (job.get("env") or {}):
+            raise K8sError("rgt_job.offload.credentials[%d]" % i, "%s is both an offload credential and %s"
+                           % (name, "a job secret" if name in secrets else "a plain env value"),
+                           "name it once: on Kubernetes an offload credential comes from the run's own Secret "
+                           "(made from this shell's environment), a job secret from rgt_job.k8s.secret_name")
     return {
         "image": k8s["image"], "namespace": k8s.get("namespace"), "service_account": k8s.get("service_account"),
         "node_selector": dict(k8s.get("node_selector") or {}), "tolerations": list(k8s.get("tolerations") or []),
@@ -197,8 +209,45 @@ def settings(job):
         "storage": None if claim else str(pvc["storage"]), "storage_class": pvc.get("storage_class"),
         "access_mode": pvc.get("access_mode", DEFAULT_ACCESS_MODE), "secret_name": secret_name,
         "secrets": secrets, "kubernetes_version": str(k8s.get("kubernetes_version") or DEFAULT_VERSION),
-        "workdir": workdir,
+        "workdir": workdir, "offload_credentials": credentials,
     }
+
+
+def offload_credentials(job):
+    """The NAMES of offload.credentials the pod needs: those of an offload to an rclone remote (with `to:
+    controller` the pod pushes nothing), else []."""
+    offload = (job or {}).get("offload")
+    if not isinstance(offload, dict) or not offload.get("to") or offload.get("to") == OFFLOAD_CONTROLLER:
+        return []
+    return [str(name) for name in offload.get("credentials") or []]
+
+
+def offload_secret_name(paths):
+    """The run's Secret of its offload credentials: the Job's name + '-offload' (a DNS subdomain)."""
+    return job_name(paths) + OFFLOAD_SECRET_SUFFIX
+
+
+def _labels(paths):
+    return {LABEL_MANAGED_BY: "rgt", LABEL_PROJECT: label_value(paths.project), LABEL_RUN_ID: label_value(
+        paths.run_id)}
+
+
+def _annotations(paths):
+    return {ANNOTATION_PROJECT: paths.project, ANNOTATION_RUN_ID: paths.run_id, ANNOTATION_RUN_DIR: paths.run_dir}
+
+
+def offload_secret(job, paths, values):
+    """The run's offload Secret (v1, Opaque): `values` {NAME: value} as stringData, one key per credential of
+    offload_credentials(job). Only the engine holds it, to send it on kubectl's stdin: it is never written, shown
+    or put among the manifests. ValueError naming a credential without a value."""
+    names = offload_credentials(job)
+    missing = [n for n in names if values.get(n) is None]
+    if missing:
+        raise ValueError("no value for %s" % ", ".join(missing))
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _metadata(offload_secret_name(paths), settings(job)["namespace"], _labels(paths),
+                                  _annotations(paths)),
+            "stringData": dict((n, str(values[n])) for n in names)}
 
 
 def code_dir(job, paths, hash8=None):
@@ -260,9 +309,8 @@ def build(job, profile, paths, network_env=None, stage=None):
     """[(file name, manifest)] of the run, in apply order. K8sError on bad input."""
     s = settings(job)
     project_labels = {LABEL_MANAGED_BY: "rgt", LABEL_PROJECT: label_value(paths.project)}
-    labels = dict(project_labels, **{LABEL_RUN_ID: label_value(paths.run_id)})
-    annotations = {ANNOTATION_PROJECT: paths.project, ANNOTATION_RUN_ID: paths.run_id,
-                   ANNOTATION_RUN_DIR: paths.run_dir}
+    labels = _labels(paths)
+    annotations = _annotations(paths)
     claim = claim_name(job, paths.project)
     env = {}
     for source in (network_env or {}, job.get("env") or {}):
@@ -270,6 +318,8 @@ def build(job, profile, paths, network_env=None, stage=None):
             env[str(name)] = {"name": str(name), "value": _env_value(value)}
     for name in s["secrets"]:
         env[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": s["secret_name"], "key": name}}}
+    for name in s["offload_credentials"]:  # the offload's rclone reads them from the wrapper's environment
+        env[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": offload_secret_name(paths), "key": name}}}
     env[ENTRYPOINT_ENV] = {"name": ENTRYPOINT_ENV, "value": "1"}  # the log to stdout, the outcome as exit code
     container = {
         "name": CONTAINER,
@@ -342,6 +392,7 @@ def check(manifests, job, profile, paths):
     fix_regen = "let rgt generate the manifests from the job spec (rgt-run train -C shows them)"
     secrets = list((job or {}).get("secrets") or [])
     secret_name = ((job or {}).get("k8s") or {}).get("secret_name")
+    credentials = offload_credentials(job)
     for name, doc in manifests:
         if isinstance(doc, dict) and doc.get("kind") == "Secret":
             problems.append(("rgt_job.secrets", "%s is a Secret object: rgt never writes secret values into "
@@ -403,7 +454,12 @@ def check(manifests, job, profile, paths):
             if name in secrets and ("value" in entry or not ref):
                 problems.append(("rgt_job.secrets", "%s env %s is a secret given as a literal value" % (cwhere, name),
                                  "a secret comes only from the Secret rgt_job.k8s.secret_name by secretKeyRef"))
-            if ref is not None and ref.get("name") != secret_name:
+            if name in credentials:
+                if "value" in entry or not ref or ref.get("name") != offload_secret_name(paths):
+                    problems.append(("rgt_job.offload.credentials", "%s env %s is an offload credential not taken "
+                                     "from the run's Secret %s" % (cwhere, name, offload_secret_name(paths)),
+                                     fix_regen))
+            elif ref is not None and ref.get("name") != secret_name:
                 problems.append(("rgt_job.k8s.secret_name", "%s env %s references Secret %r, not %r"
                                  % (cwhere, name, ref.get("name"), secret_name), fix_regen))
         for entry in container.get("envFrom") or []:
@@ -411,7 +467,8 @@ def check(manifests, job, profile, paths):
             if ref is not None and ref.get("name") != secret_name:
                 problems.append(("rgt_job.k8s.secret_name", "%s envFrom references Secret %r, not %r"
                                  % (cwhere, ref.get("name"), secret_name), fix_regen))
-        missing = [n for n in secrets if n not in set(e.get("name") for e in container.get("env") or [])]
+        missing = [n for n in secrets + credentials
+                   if n not in set(e.get("name") for e in container.get("env") or [])]
         if missing and not any("secretRef" in e for e in container.get("envFrom") or []):
             problems.append(("rgt_job.secrets", "%s does not receive the secret(s) %s" % (cwhere, ", ".join(missing)),
                              fix_regen))

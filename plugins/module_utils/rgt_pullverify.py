@@ -13,8 +13,9 @@ face, and the Kubernetes pull (runner/rgt/k8s_engine.py) calls it directly.
 - Hash once: the promotion's repair pass (a re-pull: the local copy exists) records the hashes it read in
   `.incoming/<host>.hashes.json` with each file's stat key (rgt_manifest.stat_key, only for files settled before
   the read); the verification of the same pull (reuse_hashes) takes a file's hash from there while its stat key
-  is unchanged (rsync replaces a file it writes: a new inode, hashed again) and removes the record. Every other
-  verification (verify-only, the Kubernetes pull, the teardown gate) reads every byte.
+  is unchanged (rsync replaces a file it writes: a new inode, hashed again) and removes the record. The Kubernetes
+  pull does the same: its placing pass (runner/rgt/k8s_engine._place) records, its verification reuses. Every
+  other verification (verify-only, the teardown gate) reads every byte.
 - `promote(incoming, target, run_id, host, instance_id)`, `Failed`: the manifest's promotion alone.
 - `build_report(p, check_mode=False) -> (report, failure)`: the role's report from the results its steps
   registered (p["report"]).

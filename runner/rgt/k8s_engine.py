@@ -21,6 +21,11 @@ Kubernetes API itself, so what works is what kubectl does (auth plugins, proxies
   pod: a ConfigMap with the flat bundle `k8s_seal` (rgt.bundle: module_utils/rgt_k8s_seal.py and the module_utils
   it imports), a bare pod in the job's image and python with the claim read-write at the durable root; its one
   JSON line from `kubectl logs`; pod and ConfigMap deleted in every case.
+- `ship_rclone(kc, claim, job, binary)`, `offload_values(job)`, `apply_offload_secret(kc, job, run_paths, values)`:
+  what a run with an offload to an rclone remote needs before its Job is applied (docs/kubernetes.md "Offload
+  from the pod"): the controller's rclone on the claim (a read-write helper pod, the binary on exec's stdin,
+  SHA-256 checked there) and the run's Secret of its credentials from this shell's environment (on stdin).
+  `read_claim_files(kc, pod, rels)`: small files off the claim (the teardown gate's look at an offloaded export).
 - `pull(kc, claim, image, python, durable_root, params, runs_dir)`: seal, then export/<run_id>/ and its manifest
   off the claim in one tar stream through a helper pod, then the SSH pull's own verification and marker
   (module_utils/rgt_pullverify, the module rgt_pull_verify's) into the same local layout: `<runs>/<run_id>/<host>/`,
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -437,21 +443,23 @@ def delete(kc: Kubectl, job_name: str, timeout: float = DELETE_TIMEOUT_S) -> dic
 
 # ---------------------------------------------------------------- collect
 
-def helper_pod(name: str, claim: str, image: str = HELPER_IMAGE, lifetime_s: int = HELPER_LIFETIME_S) -> dict:
-    """The helper pod of a collect: the claim read-only at /durable, `sleep`, never restarted, gone by itself
-    after `lifetime_s`."""
+def helper_pod(name: str, claim: str, image: str = HELPER_IMAGE, lifetime_s: int = HELPER_LIFETIME_S,
+               read_only: bool = True) -> dict:
+    """The helper pod of a collect: the claim read-only at /durable (read-write only to ship rclone onto it:
+    ship_rclone), `sleep`, never restarted, gone by itself after `lifetime_s`."""
     k8s = _k8s()
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {HELPER_LABEL: "collect", k8s.LABEL_MANAGED_BY: "rgt"},
+            "metadata": {"name": name, "labels": {HELPER_LABEL: "collect" if read_only else "ship",
+                                                  k8s.LABEL_MANAGED_BY: "rgt"},
                          "annotations": {"rgt/claim": claim}},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "activeDeadlineSeconds": int(lifetime_s),
                      "containers": [{"name": HELPER_CONTAINER, "image": image,
                                      "command": ["sleep", str(int(lifetime_s))],
                                      "volumeMounts": [{"name": k8s.VOLUME, "mountPath": HELPER_MOUNT,
-                                                       "readOnly": True}]}],
+                                                       "readOnly": read_only}]}],
                      "volumes": [{"name": k8s.VOLUME,
-                                  "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}]}}
+                                  "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}]}}
 
 
 def claim_path(remote_dir: str) -> str:
@@ -551,13 +559,14 @@ Transfer = Callable[..., contextlib.AbstractContextManager]
 
 
 @contextlib.contextmanager
-def helper(kc: Kubectl, claim: str, image: str = HELPER_IMAGE, ready_timeout_s: int = READY_TIMEOUT_S) \
-        -> Iterator[str]:
-    """A ready helper pod (helper_pod: the claim read-only at /durable) for the with block; deleted after it,
-    whatever happens. Yields its name."""
-    pod = _k8s().object_name("rgt-collect", claim)[:50].rstrip("-") + "-" + uuid.uuid4().hex[:6]
+def helper(kc: Kubectl, claim: str, image: str = HELPER_IMAGE, ready_timeout_s: int = READY_TIMEOUT_S,
+           read_only: bool = True) -> Iterator[str]:
+    """A ready helper pod (helper_pod: the claim read-only at /durable, unless read_only is false) for the with
+    block; deleted after it, whatever happens. Yields its name."""
+    prefix = "rgt-collect" if read_only else "rgt-ship"
+    pod = _k8s().object_name(prefix, claim)[:50].rstrip("-") + "-" + uuid.uuid4().hex[:6]
     kc.check("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
-             input=json.dumps(helper_pod(pod, claim, image)))
+             input=json.dumps(helper_pod(pod, claim, image, read_only=read_only)))
     try:
         kc.check("wait", "--for=condition=Ready", f"pod/{pod}", f"--timeout={int(ready_timeout_s)}s",
                  timeout=ready_timeout_s + 30)
@@ -582,6 +591,120 @@ def collect(kc: Kubectl, claim: str, remote_dir: str, local_dir: str | os.PathLi
             files = extract(stream, Path(local_dir))
     size = sum((Path(local_dir) / f).stat().st_size for f in files)
     return {"helper_pod": pod, "files": files, "bytes": size, "local_dir": str(local_dir)}
+
+
+def _exec(argv: list[str], timeout: float, what: str, stdin=None) -> subprocess.CompletedProcess:
+    """One kubectl exec with bytes in and out; ClusterUnreachable when it did not end within `timeout`."""
+    try:
+        return subprocess.run(argv, stdin=stdin, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterUnreachable(f"{what} did not end within {timeout:.0f} s",
+                                 fix="check the cluster (kubectl cluster-info) and run it again") from exc
+
+
+def read_claim_files(kc: Kubectl, pod: str, rels: Iterable[str]) -> dict[str, bytes | None]:
+    """{rel: its bytes, or None when it is not a file} of files on the claim (relative to its root), read in the
+    helper pod `pod` (`kubectl exec POD -- sh -c 'test -f .. && cat ..'`); KubectlError when the exec fails."""
+    out: dict[str, bytes | None] = {}
+    for rel in rels:
+        argv = kc.argv("exec", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c",
+                       'if [ -f "$1" ]; then cat "$1"; else exit 3; fi', "sh", claim_path(rel))
+        proc = _exec(argv, DEFAULT_TIMEOUT_S, f"kubectl exec {pod} (a read on the claim)")
+        if proc.returncode not in (0, 3):
+            raise failure(("exec", pod, "cat"), proc.stderr.decode(errors="replace"))
+        out[rel] = proc.stdout if proc.returncode == 0 else None
+    return out
+
+
+# ---------------------------------------------------------------- offload: rclone and credentials in the pod
+
+RCLONE_DIR = ".rgt/bin"  # on the claim, beside its projects: the controller's rclone, shipped for the offload
+SHIP_TIMEOUT_S = 900.0
+_LOOK = 'uname -m; if [ -f "$1" ]; then sha256sum "$1"; fi'  # the node's machine, and a copy shipped before
+# tmp + sync + rename: a cut upload never leaves a half binary under the name the wrapper runs
+_PUT = ('set -e; t="$1.tmp.$$"; trap \'rm -f "$t"\' EXIT; mkdir -p "$(dirname "$1")"; cat > "$t"; '
+        'chmod 0755 "$t"; sync; mv -f "$t" "$1"; sync; sha256sum "$1"')
+
+
+@functools.lru_cache(maxsize=4)
+def rclone_name(binary: str) -> str:
+    """rclone-v<version>-<os>-<arch> of the controller's rclone (rgt_offload: `rclone version`), the name it has
+    on the claim (the SSH launch's ship_plan name)."""
+    off = paths.module_util("rgt_offload")
+    text = off.version_text(binary)
+    version = ".".join(str(x) for x in off.rclone_version(binary) or (0, 0, 0))
+    return f"rclone-v{version}-{off.platform_of(text).replace('/', '-')}"
+
+
+def rclone_path(durable_root: str, binary: str) -> str:
+    """Where the pod finds the shipped rclone: <durable_root>/.rgt/bin/<rclone_name> (job.json's
+    offload.rclone)."""
+    return posixpath.join(durable_root, RCLONE_DIR, rclone_name(binary))
+
+
+def ship_rclone(kc: Kubectl, claim: str, job: dict, binary: str, image: str = HELPER_IMAGE,
+                ready_timeout_s: int = READY_TIMEOUT_S) -> dict:
+    """The controller's rclone onto the claim for the pod's offload, as the SSH launch ships it to a box
+    (rgt_offload.ship_plan on the node's `uname -m`): a helper pod with the claim read-write, the binary on
+    kubectl exec's stdin (never an argv), written tmp + sync + rename, its SHA-256 there checked against this
+    one's; a copy already there with that SHA-256 is kept. {action: shipped | present, path (on the claim),
+    sha256, machine}. InputError (field rgt_job.offload) when the node's machine cannot run it; RgtError when the
+    copy there does not match."""
+    off = paths.module_util("rgt_offload")
+    rel = posixpath.join(RCLONE_DIR, rclone_name(binary))
+    where, sha = claim_path(rel), off.sha256_file(binary)
+    with helper(kc, claim, image, ready_timeout_s, read_only=False) as pod:
+        look = kc.check("exec", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c", _LOOK, "sh", where).splitlines()
+        machine = look[0].strip() if look else ""
+        plan = off.ship_plan(job, look=machine + "\n", controller=binary)
+        if plan["action"] == "refuse":
+            what, _sep, fix = plan["msg"].partition(" Fix: ")
+            raise InputError(what.replace("the box", "the cluster's node"), fix=fix or None, field=plan["field"])
+        done = {"path": rel, "sha256": sha, "machine": machine}
+        if len(look) > 1 and look[1].split()[0] == sha:
+            return dict(done, action="present")
+        with open(binary, "rb") as handle:
+            proc = _exec(kc.argv("exec", "-i", pod, "-c", HELPER_CONTAINER, "--", "sh", "-c", _PUT, "sh", where),
+                         SHIP_TIMEOUT_S, f"kubectl exec {pod} (rclone onto the claim)", stdin=handle)
+    if proc.returncode != 0:
+        raise failure(("exec", pod, "rclone"), proc.stderr.decode(errors="replace"))
+    got = (proc.stdout.decode(errors="replace").split() or ["?"])[0]
+    if got != sha:
+        raise RgtError(f"the rclone shipped onto claim {claim} ({rel}) has SHA-256 {got[:12]}, this one's is "
+                       f"{sha[:12]}", fix="train again (the copy is shipped again)")
+    return dict(done, action="shipped")
+
+
+def offload_values(job: dict, environ=None) -> dict[str, str]:
+    """{NAME: value} of the job's offload credentials (rgt_k8s.offload_credentials) from `environ` (this shell's
+    environment); InputError naming the first one unset (nothing applied yet)."""
+    env = os.environ if environ is None else environ
+    names = _k8s().offload_credentials(job)
+    for i, name in enumerate(names):
+        if not env.get(name):
+            raise InputError(f"rgt_job.offload.credentials names {name}, and it is not set in this shell: on "
+                             "Kubernetes rgt puts the offload's credentials into the run's own Secret from the "
+                             "controller's environment", fix=f"export {name} in the shell that runs rgt-run (its "
+                             "value is never printed), or drop it from offload.credentials",
+                             field=f"rgt_job.offload.credentials[{i}]")
+    return {name: env[name] for name in names}
+
+
+def apply_offload_secret(kc: Kubectl, job: dict, run_paths, values: dict[str, str]) -> dict | None:
+    """Create or update the run's offload Secret (rgt_k8s.offload_secret: the credentials as stringData) with
+    `kubectl apply --server-side -f -`, the Secret on stdin: its values are in no argv, file, log or message (a
+    failure's stderr has them masked). {kind, name, keys}, or None when the job's offload needs none."""
+    k8s = _k8s()
+    if not k8s.offload_credentials(job):
+        return None
+    doc = k8s.offload_secret(job, run_paths, values)
+    rc, _out, err = kc.run("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                           input=json.dumps(doc))
+    if rc != 0:
+        for value in sorted(values.values(), key=len, reverse=True):
+            err = err.replace(value, "***")
+        raise failure(("apply", "secret", doc["metadata"]["name"]), err)
+    return {"kind": "Secret", "name": doc["metadata"]["name"], "keys": sorted(doc["stringData"])}
 
 
 # ---------------------------------------------------------------- seal
@@ -740,16 +863,18 @@ def _verify(pv, p: dict, result: dict) -> None:
         result["msg"] = msg
 
 
-def _place(staging: Path, run_id: str, dest: Path, doc: dict) -> list[str]:
+def _place(staging: Path, run_id: str, dest: Path, doc: dict, record: dict | None = None) -> list[str]:
     """Put the copied capsule at dest: renamed there when dest is new; else only the files the local copy lacks
     or holds with another size or SHA-256 are replaced (each renamed into place), as the SSH pull's rsync
     resumes and repairs; local files the manifest does not list are kept (the verification names them).
+    `record` receives the hashes this comparison read that the verification may reuse (rgt_manifest.compare's
+    record: {path: [stat_key, sha256]}; a file replaced here has a new inode, so it is hashed again).
     Returns the repaired paths (present locally, but different)."""
     copied = staging / run_id
     if not dest.exists():
         os.rename(copied, dest)
         return []
-    cmp_result = paths.module_util("rgt_manifest").compare(str(dest), doc)
+    cmp_result = paths.module_util("rgt_manifest").compare(str(dest), doc, record=record)
     repaired = sorted(cmp_result["size_mismatch"] + cmp_result["sha_mismatch"])
     for rel in sorted(cmp_result["missing"]) + repaired:
         target = dest / rel
@@ -844,17 +969,22 @@ def _copy_and_verify(pv, p: dict, kc: Kubectl, claim: str, params: dict, base: P
         p_in = dict(p, incoming_manifest=str(incoming / f"{host}.manifest.json"))
         os.replace(staging / f"{run_id}.manifest.json", p_in["incoming_manifest"])
         try:
-            doc, _raw, _moved = pv.promote(p_in["incoming_manifest"], p["manifest_path"], run_id, host,
-                                           p["instance_id"])
+            doc, raw, _moved = pv.promote(p_in["incoming_manifest"], p["manifest_path"], run_id, host,
+                                          p["instance_id"])
         except pv.Failed as exc:
             promoted.update(exc.extra, verified=False, msg=f"PULL NOT VERIFIED for {run_id}/{host}: {exc.message}")
             return promoted, [], pod
         if not (staging / run_id).is_dir():
             raise RgtError(f"pull: the claim's export/{run_id}/ came without its capsule directory",
                            fix="inspect the export on the claim")
-        repaired = _place(staging, run_id, Path(p["dest"]), doc)
+        record: dict = {}
+        repaired = _place(staging, run_id, Path(p["dest"]), doc, record)
+        # hash once (rgt_pullverify "Hash once", as the SSH pull's repair pass): the verification below takes the
+        # hash of a file _place read and nothing has replaced since
+        dest = p["dest"].rstrip("/")
+        pv.write_hashes(pv.hashes_path(dest, host), dest, hashlib.sha256(raw).hexdigest(), record)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     verify = {}
-    _verify(pv, p, verify)
+    _verify(pv, dict(p, reuse_hashes=True), verify)
     return verify, repaired, pod

@@ -23,7 +23,9 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import json
 import os
+import posixpath
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,8 +110,10 @@ def target(host) -> Target:
 
 # ---------------------------------------------------------------- train
 
-def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
-    """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2)."""
+def plan_launch(hosts: list, credentials: bool = True) -> dict[str, tuple[Target, dict]]:
+    """Every kubernetes host's target and validated manifests, before anything is applied (bad input: exit 2),
+    and, with `credentials`, every offload credential set in this shell (train makes the offload Secret from them;
+    watch's relaunch keeps the Secret the train made: offload_parts)."""
     out = {}
     for host in hosts:
         tgt = target(host)
@@ -119,7 +123,10 @@ def plan_launch(hosts: list) -> dict[str, tuple[Target, dict]]:
         local = jobspec.resolve_paths(tgt.job, host.job_base or Path.cwd())
         ignore = _plain(host, "upload_resume_ignore_file", host.vars.get("upload_resume_ignore_file"))
         out[host.name] = (tgt, k8s.manifests_for(host.name, host.profile, tgt.job, tgt.run_paths,
-                                                 scratch and str(scratch), local.get("code_dir"), ignore))
+                                                 scratch and str(scratch), local.get("code_dir"), ignore,
+                                                 str(host.instance_id)))
+        if credentials:
+            k8s_engine.offload_values(tgt.job)  # every offload credential set here, before anything is applied
     return out
 
 
@@ -134,12 +141,21 @@ def start_k8s_job(planned: dict[str, tuple[Target, dict]], console, new_code: bo
         outcomes[name] = out
         try:
             kc = tgt.kubectl()
-            relaunch = k8s_engine.observe(kc, tgt.job_name)["state"] in _states.RESUMED
+            before = k8s_engine.observe(kc, tgt.job_name)["state"]
+            relaunch = before in _states.RESUMED
             if relaunch:  # its pod was taken away: the ended Job goes, a new one resumes from the newest checkpoint
                 k8s_engine.delete(kc, tgt.job_name)
                 if new_code:
                     kc.check("delete", "configmap", k8s.lib().stage_name(tgt.run_paths), "--ignore-not-found")
-            applied = k8s_engine.apply(kc, manifests["documents"])
+            docs = manifests["documents"]
+            applied = []
+            if relaunch or before == "not_started":  # a Job will be applied: its offload's rclone and Secret first
+                values = offload_credentials(kc, tgt)  # before anything is applied
+                claim = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+                applied = k8s_engine.apply(kc, claim)  # the helper that ships rclone mounts it
+                applied += offload_parts(kc, tgt, values)
+                docs = [d for d in docs if d["kind"] != "PersistentVolumeClaim"]
+            applied += k8s_engine.apply(kc, docs)
             seen = k8s_engine.observe(kc, tgt.job_name)
         except k8s_engine.ClusterUnreachable as exc:
             out.unreachable = True
@@ -174,9 +190,38 @@ def relaunch(hosts: list, console, ledger: Path) -> int:
     """watch's auto_resume on kubernetes hosts: their Jobs again (a preempted one is replaced), remembered in the
     ledger; the exit code of the launch."""
     result = PhaseResult(playbook="kubernetes relaunch", ident="relaunch", rc=0, status="successful",
-                         hosts=start_k8s_job(plan_launch(hosts), console, new_code=False))
+                         hosts=start_k8s_job(plan_launch(hosts, credentials=False), console, new_code=False))
     memory.remember_launches(ledger, hosts, result)
     return result.exit_code
+
+
+def offload_credentials(kc, tgt: Target) -> dict[str, str] | None:
+    """The offload Secret's values from this shell (k8s_engine.offload_values), or None to keep the Secret the
+    run has: a relaunch from a shell without them (watch's auto_resume) when the run's Secret exists. InputError
+    naming the first one unset when there is no Secret to keep."""
+    try:
+        return k8s_engine.offload_values(tgt.job)
+    except InputError:
+        if kc.get_json("secret", k8s.lib().offload_secret_name(tgt.run_paths)) is not None:
+            return None
+        raise
+
+
+def offload_parts(kc, tgt: Target, values: dict[str, str] | None) -> list[dict]:
+    """For a job with an offload to an rclone remote, before its Job is applied: the controller's rclone shipped
+    onto the claim (k8s_engine.ship_rclone) and the run's offload Secret made from `values`, this shell's
+    environment (k8s_engine.apply_offload_secret; None: the run's Secret is kept as it is). Entries in
+    k8s_engine.apply's shape ({kind, name, action})."""
+    if not k8s.pushes(tgt.job):
+        return []
+    done = []
+    shipped = k8s_engine.ship_rclone(kc, tgt.claim, tgt.job, paths.rclone_binary())
+    done.append({"kind": "rclone", "name": shipped["path"], "action": "created" if shipped["action"] == "shipped"
+                 else "exists"})
+    secret = k8s_engine.apply_offload_secret(kc, tgt.job, tgt.run_paths, values) if values is not None else None
+    if secret is not None:
+        done.append({"kind": "Secret", "name": secret["name"], "action": "created"})
+    return done
 
 
 # ---------------------------------------------------------------- status
@@ -268,6 +313,27 @@ def _export(runs: Path, run_id: str, host: str) -> dict:
             "manifest_sha256": hashlib.sha256(raw).hexdigest()}
 
 
+def _claim_export(tgt: Target) -> tuple[dict, dict | None]:
+    """What the claim says of an ended run with an offload to an rclone remote, for the gate: (its export as
+    rgt_box_runs lists a box's: the sealed manifest's bytes and SHA-256 now, {} when it is not sealed there; its
+    OFFLOAD_VERIFIED.json or None), read through a read-only helper pod."""
+    off = paths.module_util("rgt_offload")
+    project, run_id = tgt.run_paths.project, tgt.run_id
+    manifest = posixpath.join(project, "export", f"{run_id}.manifest.json")
+    verified = posixpath.join(posixpath.relpath(tgt.run_paths.run_dir, tgt.run_paths.durable_root), off.VERIFIED)
+    with k8s_engine.helper(tgt.kubectl(), tgt.claim) as pod:
+        got = k8s_engine.read_claim_files(tgt.kubectl(), pod, (manifest, verified))
+    raw = got[manifest]
+    export = {} if raw is None else {
+        "sealed": True, "manifest": f"claim {tgt.claim}:{posixpath.join(tgt.run_paths.durable_root, manifest)}",
+        "manifest_b64": base64.b64encode(raw).decode(), "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+    try:
+        doc = json.loads(got[verified]) if got[verified] is not None else None
+    except ValueError:
+        doc = None
+    return export, doc if isinstance(doc, dict) else None
+
+
 def _mount(profile: dict, rows: list[dict]) -> dict | None:
     """The profile's mount that holds the runs (the claim's, at the durable root): what the gate says of their
     files."""
@@ -285,7 +351,7 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
     for its hosts, looked at with kubectl, judged by the same gate (rgt_gate.evaluate) as a box's runs."""
     item = verb_plan(inst)
     item.update(status=None, gate=None, reasons=[], k8s_jobs=[])
-    rows, roots = [], []
+    rows, roots, notes = [], [], []
     for host in inst.hosts:
         for run in memory.runs_of(ledger, host.name):
             tgt = target(_with_run(host, run))
@@ -298,17 +364,28 @@ def assess(inst, ledger: Path, runs: Path, manifest_lib) -> dict:
                 return item
             if seen["state"] == "not_started":  # its Job is gone already: nothing of it bills
                 continue
+            secret = k8s.lib().offload_secret_name(tgt.run_paths) if k8s.lib().offload_credentials(tgt.job) else None
             item["k8s_jobs"].append({"host": host.name, "job": tgt.job_name, "namespace": tgt.namespace,
-                                     "state": seen["state"], "run_id": tgt.run_id})
+                                     "state": seen["state"], "run_id": tgt.run_id, "offload_secret": secret})
             root = f"claim {tgt.claim}:{tgt.run_paths.durable_root}"
             roots.append(root)
-            rows.append({"project": tgt.run_paths.project, "run_id": tgt.run_id, "run_dir": tgt.run_paths.run_dir,
-                         "state": _states.gate_state(seen["state"]), "attempt": seen.get("attempt"),
-                         "export": _export(runs, tgt.run_id, host.name)})
+            row = {"project": tgt.run_paths.project, "run_id": tgt.run_id, "run_dir": tgt.run_paths.run_dir,
+                   "state": _states.gate_state(seen["state"]), "attempt": seen.get("attempt"),
+                   "export": _export(runs, tgt.run_id, host.name), "offload": None}
+            if k8s.pushes(tgt.job) and row["state"] not in ("live", "queued"):
+                try:  # its export as the claim holds it now, and whether the pod offloaded it (docs/offload.md)
+                    export, row["offload"] = _claim_export(tgt)
+                    row["export"] = export or row["export"]
+                except RgtError as exc:
+                    notes.append(f"run {tgt.run_id}: its offloaded export could not be read on the claim "
+                                 f"({exc.message}); only a verified pull here counts")
+            rows.append(row)
     listing = {"durable_root": ", ".join(dict.fromkeys(roots)) or None, "durable_mount": _mount(inst.profile, rows),
                "runs": rows}
-    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, [listing], str(runs), inst.profile, manifest_lib)
-    gate["notes"].append(CLAIM_NOTE)
+    check = paths.module_util("rgt_offload").target_check(paths.rclone_binary())  # the target, looked at from here
+    gate = _gate.evaluate(inst.instance_id, inst.inventory_hosts, [listing], str(runs), inst.profile, manifest_lib,
+                          offload_check=check)
+    gate["notes"] += [CLAIM_NOTE] + notes
     item.update(gate=gate, reasons=list(gate["reasons"]), status="ready" if gate["passed"] else "refused")
     if not item["k8s_jobs"] and gate["passed"]:
         item.update(status="already gone", final_state="no Job of this host is left on the cluster")
@@ -334,6 +411,9 @@ def tear_down(inst, item: dict, ledger: Path, runs: Path, manifest_lib) -> dict:
         try:
             done = k8s_engine.delete(kc, entry["job"])
             calls.append({"call": f"kubectl delete job {entry['job']} --cascade=foreground", **done})
+            if entry.get("offload_secret"):  # the run's offload credentials go with its Job
+                kc.check("delete", "secret", entry["offload_secret"], "--ignore-not-found")
+                calls.append({"call": f"kubectl delete secret {entry['offload_secret']}", "outcome": "deleted"})
         except RgtError as exc:
             failed = True
             messages.append(exc.message)

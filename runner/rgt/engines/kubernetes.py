@@ -43,7 +43,7 @@ class Kubernetes(Engine):
     def plan_manifests(self, host, job: dict, run_paths, scratch_root: str | None, code_src: str | None,
                        ignore_file: str | None) -> dict:
         manifests = k8s.manifests_for(host.name, host.profile, job, run_paths, scratch_root, code_src=code_src,
-                                      ignore_file=ignore_file)
+                                      ignore_file=ignore_file, instance_id=str(host.instance_id))
         manifests.pop("documents")  # the full manifests (base64 code included) are the engine's; `files` is shown
         return manifests
 
