@@ -45,8 +45,9 @@ pytestmark = [
 
 
 def job_spec() -> dict:
+    # 0.2 s a step (24 s of run): the eviction lands mid-run on a loaded machine too
     return {"rgt_job": {
-        "name": "kube.1", "command": f"python3 train.py --steps {STEPS} --ckpt-every 10 --sleep 0.05",
+        "name": "kube.1", "command": f"python3 train.py --steps {STEPS} --ckpt-every 10 --sleep 0.2",
         "python": "/usr/bin/python3", "code_dir": str(TRAIN.parent), "gpu": {"count": 0}, "auto_resume": True,
         "checkpoint": {"glob": "step_*.ckpt"}, "outputs": ["weights.bin", "metrics.json"],
         "k8s": {"image": DIGEST, "namespace": NS, "pvc": {"storage": "1Gi"}}}}
