@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from rgt import bundle, jobspec, paths, profiles
+from rgt import bundle, jobspec, k8s_engine, paths, profiles
 from rgt.errors import InputError, RgtError
 
 VALIDATOR = "kubernetes-validate"
@@ -246,7 +246,6 @@ def offload_job(host: str, job: dict, run_paths) -> dict:
     image's own rclone on PATH). InputError when this controller has no rclone to ship."""
     if not pushes(job):
         return job
-    from rgt import k8s_engine  # the engine ships it: one home for where it goes
     binary = paths.rclone_binary()
     if not binary:
         raise InputError(f"host '{host}': rgt_job.offload pushes from the pod with rclone, and this controller has "
