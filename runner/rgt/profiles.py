@@ -10,6 +10,7 @@ package (`<repo>/runner/rgt/profiles.py` -> `<repo>/plugins/module_utils/rgt_pro
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from datetime import date
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from rgt import errors, output, paths
 from rgt.errors import InputError
+from rgt.ledger import pass_key, passed_before, remember_pass
 
 _core = paths.module_util("rgt_profiles")
 registry = paths.module_util("rgt_registry")  # the detach primitives and meter-stop verbs, one home
@@ -40,10 +42,30 @@ def registry_errors(profile: object, source: str = "<profile>") -> list:
     return [ProfileError(field, message, fix, source) for field, message, fix in registry.profile_problems(profile)]
 
 
+@functools.cache
+def _checker() -> bytes:
+    """What decides a profile's schema verdict: the schema and the validator's code (module_utils rgt_profiles, with
+    the registry its semantic checks read)."""
+    return b"\0".join(Path(f).read_bytes() for f in (SCHEMA_PATH, _core.__file__, registry.__file__))
+
+
+def _validate_remembered(data: object, source: str = "<profile>", expected_name: str | None = None) -> list:
+    """validate_profile_data's verdict, from the pass of the same data, name, schema and validator remembered
+    between processes (rgt.ledger.pass_key) when there is one: only a pass is remembered, a refusal is validated and
+    explained every time."""
+    key = pass_key(f"profile:{expected_name}", data, _checker())
+    if passed_before(key):
+        return []
+    problems = _core.validate_profile_data(data, source, expected_name=expected_name)
+    if not problems:
+        remember_pass(key)
+    return problems
+
+
 def load_profile(name: str, profiles_dir: str | Path | None = None) -> dict:
     """Return the validated profile `name`; raise ProfileError(field, message, fix) naming the JSON path.
     A primitive or verb that is not registered (plugins/module_utils/rgt_registry.py) is refused here too."""
-    profile = _core.load_profile(name, profiles_dir=profiles_dir)
+    profile = _core.load_profile(name, profiles_dir=profiles_dir, validate=_validate_remembered)
     errors = registry_errors(profile, str(_core.profile_path(name, profiles_dir)))
     if errors:
         raise errors[0]
