@@ -18,15 +18,8 @@ import os
 import re
 from pathlib import Path
 
-import yaml
-
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_registry
 from ansible_collections.rgt.remote_gpu.plugins.module_utils.rgt_runlayout import expand_root
-
-# PyYAML's C parser when it was built with libyaml: a profile parses in 2 ms instead of 20 (the same constructor
-# and resolver, so the same values); a file it refuses is parsed again by the Python one, whose message is the one
-# users have always been shown
-_FAST_LOADER = getattr(yaml, "CSafeLoader", None)
 
 COLLECTION_ROOT = Path(__file__).resolve().parents[2]
 PROFILES_DIR = COLLECTION_ROOT / "profiles"
@@ -306,12 +299,18 @@ def _search_dirs() -> list:
 
 
 def _parse(handle):
+    """The profile's YAML, read with PyYAML's C parser when it was built with libyaml (2 ms instead of 20: the same
+    constructor and resolver, so the same values); a file it refuses is read again by the Python parser, whose
+    verdict and message are the ones users have always been shown."""
+    import yaml  # here, not at the top: a runner whose profile is cached (rgt.profiles) imports no YAML at all
+
+    fast = getattr(yaml, "CSafeLoader", None)
     text = handle.read()
-    if _FAST_LOADER is not None:
+    if fast is not None:
         try:
-            return yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 - CSafeLoader is the safe loader
+            return yaml.load(text, Loader=fast)  # noqa: S506 - CSafeLoader is the safe loader
         except yaml.YAMLError:
-            pass  # the Python parser's verdict and message, as before
+            pass
     return yaml.safe_load(text)
 
 
@@ -336,6 +335,8 @@ def load_profile(name: str, profiles_dir=None, validate=None) -> dict:
     key = (str(path.resolve()), mtime)
     if key in _CACHE:
         return copy.deepcopy(_CACHE[key])  # callers may mutate their copy; the cache stays pristine
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = _parse(fh)

@@ -108,21 +108,21 @@ def cache_put(path: Path, data: bytes, keep: int, mode: int = 0o644) -> None:
         pass
 
 
-def _plain_json(value: object) -> bool:
+def plain_json(value: object) -> bool:
     """Does `value` hold only JSON's own types (str keys; str, int, float, bool, None, list, dict), exactly? Then
     its JSON text says all a validator sees: a date, a tuple or an int key would read as a string or a list."""
     kind = type(value)
     if value is None or kind in (str, int, float, bool):
         return True
     if kind is list:
-        return all(_plain_json(item) for item in value)
+        return all(plain_json(item) for item in value)
     if kind is dict:
-        return all(type(key) is str and _plain_json(item) for key, item in value.items())
+        return all(type(key) is str and plain_json(item) for key, item in value.items())
     return False
 
 
 @functools.cache
-def _library_identity(name: str) -> str:
+def library_identity(name: str) -> str:
     """Where a library is installed and when its files were written: an upgrade (a new jsonschema, whose checks
     may differ) is another identity."""
     try:
@@ -142,11 +142,11 @@ def pass_key(kind: str, doc: object, checker: bytes) -> Path | None:
     the document's canonical JSON, the checker, the Python and the validation libraries' installed files, so an
     edited file, schema, validator or library is validated again. None (validate every time) for a document that
     holds anything but JSON's own types."""
-    if not _plain_json(doc):
+    if not plain_json(doc):
         return None
     digest = hashlib.sha256()
-    for part in (kind.encode(), checker, sys.version.encode(), _library_identity("jsonschema").encode(),
-                 _library_identity("referencing").encode(), _library_identity("jsonschema_specifications").encode(),
+    for part in (kind.encode(), checker, sys.version.encode(), library_identity("jsonschema").encode(),
+                 library_identity("referencing").encode(), library_identity("jsonschema_specifications").encode(),
                  json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()):
         digest.update(len(part).to_bytes(8, "big") + part)
     return cache_path("passes", f"{digest.hexdigest()[:40]}.ok")

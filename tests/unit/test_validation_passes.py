@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -158,3 +159,20 @@ def test_a_document_with_more_than_json_types_is_validated_every_time(doc):
     """Its JSON text would not say what the validator saw (a date reads as a string, an int key as a string key)."""
     assert ledger.pass_key("job", doc, b"") is None
     assert not ledger.passed_before(None)
+
+
+@needs_ansible
+def test_a_second_process_imports_neither_yaml_nor_jsonschema_for_what_passed_before(tmp_path, cache):
+    """What a fresh `rgt-run status` pays at its start: the inventory, the profile and their passes come from the
+    cache (the start-up cost itself is measured by bench/status_bench.py, never asserted)."""
+    inv = _inventory(tmp_path)
+    code = ("import sys; from rgt.inventory import load_hosts; (h,) = load_hosts(%r); "
+            "print(h.profile['name'], 'yaml' in sys.modules, 'jsonschema' in sys.modules)" % str(inv))
+
+    def run() -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert run() == "runpod True True"  # the first one parses and validates
+    assert run() == "runpod False False"
+    _inventory(tmp_path, rgt_project="edited")
+    assert run() == "runpod False True"  # the edited host is validated again; the profile is unchanged
