@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import time
@@ -49,6 +48,7 @@ REMIND_S = 6 * 3600  # a refusal that lasts is said again this often (and notifi
 RETRY_S = 600  # a watcher looks again at an instance it refused to stop this often (a new watcher at once)
 _tried: dict[str, float] = {}  # instance id -> when this process last refused it (time.monotonic)
 _states = paths.module_util("rgt_states")
+_inbox = paths.module_util("rgt_inbox")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -85,9 +85,9 @@ def _state_path(ledger: Path, instance_id: str) -> Path:
 
 
 def digest(doc: dict) -> str:
-    """The SHA-256 over an authorisation's content (every field but `sha256`, canonical JSON)."""
-    body = {k: v for k, v in doc.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The SHA-256 over an authorisation's content (every field but `sha256`, canonical JSON): the box's rule
+    (module_utils/rgt_inbox.digest), so the copy the box carries checks the same way."""
+    return _inbox.digest(doc)
 
 
 def parse_expiry(text: str) -> int:
@@ -198,27 +198,87 @@ def authorise_at_launch(args: argparse.Namespace, hosts: list, ledger: Path, con
     return {p["instance_id"]: {**p, "expires_s": expires_s} for p in plans if p["instance_id"] in confirmed}
 
 
+def _stop_box(host) -> bool:
+    job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
+    return isinstance(job.get("offload"), dict) and job["offload"].get("stop_box") is True
+
+
+def build_doc(ledger: Path, hosts: list, iid: str, item: dict, now: float, in_box: bool = False) -> dict:
+    """The authorisation `record_launch` keeps for an instance (and the box's copy, with in_box), merging the runs
+    of an earlier intact one of the same instance."""
+    mine = [h for h in hosts if h.instance_id == iid]
+    runs = [r for h in mine for r in _host_runs(h)]
+    old = read_json(auth_path(ledger, iid))
+    if problem(old, iid, now) is None:
+        seen = {(r["project"], r["run_id"]) for r in runs}
+        runs = [r for r in old["runs"] if (r["project"], r["run_id"]) not in seen] + runs
+    expires = now + item["expires_s"]
+    doc = {"schema": SCHEMA, "instance_id": iid, "hosts": sorted(h.name for h in mine),
+           "profile": item["profile"], "verb": item["verb"], "label": item["label"], "runs": runs,
+           "created_at": _iso(now), "created_ts": now, "expires_at": _iso(expires), "expires_ts": expires,
+           "in_box": bool(in_box)}
+    doc["sha256"] = digest(doc)
+    return doc
+
+
+def inbox_at_launch(ledger: Path, hosts: list, pending: dict | None, down: bool = True) -> dict | None:
+    """`rgt_job.offload.stop_box` (docs/unattended.md "The box stops its own meter"), before any box is touched:
+    refused (exit 2, nothing launched) without `train --down` naming the instance, without an offload to an rclone
+    remote, or on a profile that does not allow an in-box stop (`meter_stop.in_box`). Returns what goes onto each
+    box ({instance id: {authorisation, command, self_id_env}}: the extra var `rgt_inbox_stop`, written into
+    job.json by the launch), or None when no host asks; the authorisation is the one `record_launch` then keeps.
+    Called first with `pending` None (before --down's prompt, so no id is typed for a launch refused anyway):
+    `down` says whether --down was given."""
+    asking = [h for h in hosts if _stop_box(h)]
+    if not asking:
+        return None
+    field = "rgt_job.offload.stop_box"
+    now = time.time()
+    out: dict[str, dict] = {}
+    for host in asking:
+        iid = str(host.instance_id)
+        in_box = (host.profile.get("meter_stop") or {}).get("in_box") or {}
+        name = host.profile.get("name")
+        if not in_box.get("allowed"):
+            why = in_box.get("reason") or "the profile does not say an in-box stop is safe (no meter_stop.in_box)"
+            raise InputError(f"{field}: profile {name} (host {host.name}) refuses a meter stop from the box itself: "
+                             f"{why}; nothing was launched", field=field,
+                             fix="drop offload.stop_box: with train --down the watcher stops the meter after the "
+                                 "verified pull")
+        if not _offload(host):
+            raise InputError(f"{field} needs an offload to an rclone remote (offload.to: remote:bucket/prefix): the "
+                             f"box stops its meter only after its own export is offloaded and verified; nothing was "
+                             "launched", field=field, fix="name an rclone remote in offload.to, or drop stop_box")
+        if down and pending is None:
+            continue  # the check before --down's prompt: the ids come next
+        if not pending or iid not in pending:
+            raise InputError(f"{field} needs rgt-run train --down naming this instance ({iid}): the box stops its "
+                             "own meter only with an authorisation made at launch; nothing was launched",
+                             field=field, fix=f"rgt-run train ... --down --down-confirm {iid}, or drop stop_box")
+        item = pending[iid]
+        if "doc" not in item:
+            item["doc"] = build_doc(ledger, hosts, iid, item, now, in_box=True)
+        out[iid] = {"authorisation": item["doc"], "command": list(in_box["command"]),
+                    "self_id_env": in_box["self_id"]["env"]}
+    return out or None
+
+
 def record_launch(ledger: Path, hosts: list, pending: dict | None, code: int, console: Console) -> None:
     """After the launch: keep each confirmed instance's authorisation (only when the launch went well), merging
-    the runs of an earlier intact one of the same instance."""
+    the runs of an earlier intact one of the same instance: the very document a box that stops its own meter
+    carries (inbox_at_launch), else one made now."""
     if not pending:
         return
     if code != errors.OK:
-        console.print("[yellow]--down[/yellow]: the launch did not go well; no meter stop is authorised")
+        console.print("[yellow]--down[/yellow]: the launch did not go well; no meter stop is authorised"
+                      + (" (a box that started its run carries its copy and may still stop its own meter once "
+                         "its export is offloaded and verified)" if any("doc" in i for i in pending.values())
+                         else ""))
         return
     now = time.time()
     for iid, item in pending.items():
-        mine = [h for h in hosts if h.instance_id == iid]
-        runs = [r for h in mine for r in _host_runs(h)]
-        old = read_json(auth_path(ledger, iid))
-        if problem(old, iid, now) is None:
-            seen = {(r["project"], r["run_id"]) for r in runs}
-            runs = [r for r in old["runs"] if (r["project"], r["run_id"]) not in seen] + runs
-        expires = now + item["expires_s"]
-        doc = {"schema": SCHEMA, "instance_id": iid, "hosts": sorted(h.name for h in mine),
-               "profile": item["profile"], "verb": item["verb"], "label": item["label"], "runs": runs,
-               "created_at": _iso(now), "created_ts": now, "expires_at": _iso(expires), "expires_ts": expires}
-        doc["sha256"] = digest(doc)
+        doc = item.get("doc") or build_doc(ledger, hosts, iid, item, now)
+        runs = doc["runs"]
         atomic_write_json(auth_path(ledger, iid), doc)
         receipt_path(ledger, iid).unlink(missing_ok=True)  # a new launch on the box: a new stop to carry out
         _state_path(ledger, iid).unlink(missing_ok=True)
