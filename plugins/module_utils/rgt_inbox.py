@@ -42,7 +42,6 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayou
 
 AUTH_SCHEMA = "rgt/authorisation/v1"
 RECORD_SCHEMA = "rgt/inbox-stop/v1"
-RECORD = "inbox_stop.json"  # in the run's .rgt/
 STOP, STOP_FAILED, REFUSED = "stop", "stop_failed", "refused"
 COMMAND_TIMEOUT_S = 120
 LIVE = ("live", "queued")
@@ -164,7 +163,7 @@ def wanted(job):
 
 
 def record_path(paths):
-    return os.path.join(paths.meta, RECORD)
+    return paths.inbox_stop  # <run_dir>/.rgt/inbox_stop.json
 
 
 def _run_command(argv, timeout):

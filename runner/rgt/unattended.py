@@ -47,6 +47,8 @@ DEFAULT_EXPIRES = "7d"
 REMIND_S = 6 * 3600  # a refusal that lasts is said again this often (and notified again)
 RETRY_S = 600  # a watcher looks again at an instance it refused to stop this often (a new watcher at once)
 _tried: dict[str, float] = {}  # instance id -> when this process last refused it (time.monotonic)
+INBOX_WAIT_S = 900  # an in-box stop: how long the watcher leaves the box to decide after its runs ended
+_ended_at: dict[str, float] = {}  # instance id -> when this process first saw its runs ended (time.monotonic)
 _states = paths.module_util("rgt_states")
 _inbox = paths.module_util("rgt_inbox")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -78,6 +80,11 @@ def auth_path(ledger: Path, instance_id: str) -> Path:
 
 def receipt_path(ledger: Path, instance_id: str) -> Path:
     return ledger / DIR / f"{_name(instance_id)}.receipt.json"
+
+
+def _box_path(ledger: Path, instance_id: str) -> Path:
+    """The record of the box that stopped its own meter, as the watcher saw it (module_utils/rgt_inbox)."""
+    return ledger / DIR / f"{_name(instance_id)}.box.json"
 
 
 def _state_path(ledger: Path, instance_id: str) -> Path:
@@ -282,6 +289,7 @@ def record_launch(ledger: Path, hosts: list, pending: dict | None, code: int, co
         atomic_write_json(auth_path(ledger, iid), doc)
         receipt_path(ledger, iid).unlink(missing_ok=True)  # a new launch on the box: a new stop to carry out
         _state_path(ledger, iid).unlink(missing_ok=True)
+        _box_path(ledger, iid).unlink(missing_ok=True)
         console.print(f"[green]authorised[/green]: the {escape(str(item['label']))} of {escape(iid)} once "
                       f"{', '.join(escape(r['project'] + '/' + r['run_id']) for r in runs)} are pulled and verified "
                       f"(until {doc['expires_at']}; ledger {escape(str(auth_path(ledger, iid)))})")
@@ -321,7 +329,12 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         # a stop on record (this watcher, or an earlier one, was stopped mid-stop; the box may be gone) is polled
         # to its end at once; otherwise the runs on the box must all have ended first
         on_record = _stop_on_record(ledger, iid, names)
+        if not on_record and _box_stop_seen(console, ledger, iid, names, latest, mine):
+            on_record = True  # the box stopped its own meter: the same stop in flight, polled here, never called
         if not on_record and not _ended(latest, names):
+            _ended_at.pop(iid, None)
+            continue
+        if not on_record and _box_may_still_stop(ledger, iid, names, latest):
             continue
         if not on_record and iid in _tried and time.monotonic() - _tried[iid] < RETRY_S:
             continue
@@ -332,6 +345,53 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         except Exception as exc:  # noqa: BLE001 - the meter stays running; the watch goes on and says why
             _refuse(console, ledger, iid, [f"the authorised stop could not be carried out ({type(exc).__name__}: "
                                            f"{exc})"], notifier, names)
+
+
+def _box_records(latest: dict[str, dict], names: list[str], sha: object) -> list[dict]:
+    """The in-box stop records (<run_dir>/.rgt/inbox_stop.json, module_utils/rgt_inbox) the last status of these
+    hosts brought back, made under this authorisation (its SHA-256)."""
+    runs = [r for n in names if n in latest for r in (latest[n], *(latest[n].get("other_runs") or []))]
+    return [r["inbox_stop"] for r in runs if isinstance(r.get("inbox_stop"), dict)
+            and r["inbox_stop"].get("authorisation") == sha and r["inbox_stop"].get("action")]
+
+
+def _box_stop_seen(console: Console, ledger: Path, iid: str, names: list[str], latest: dict[str, dict],
+                   hosts: list) -> bool:
+    """Did a box of this instance stop its own meter (its record says `stop`)? Then the stop is put on the ledger's
+    teardown record as one in flight (teardown's own record: what `_stop_on_record` reads and the teardown play
+    polls, never calling again), once."""
+    doc = read_json(auth_path(ledger, iid))
+    if not isinstance(doc, dict) or not doc.get("in_box"):
+        return False
+    stops = [r for r in _box_records(latest, names, doc.get("sha256")) if r.get("action") == _inbox.STOP]
+    if not stops:
+        return False
+    box = stops[0]
+    meter = (hosts[0].profile.get("meter_stop") or {}) if hosts else {}
+    cloud = paths.module_util("rgt_cloud")
+    record = {"instance_id": iid, "verb": meter.get("verb") or doc.get("verb"),
+              "reversible": bool(meter.get("reversible")), "calls": [], "final_state": cloud.REQUESTED,
+              "keeps_billing": list(meter.get("keeps_billing") or []), "at": box.get("at"),
+              "requested_at": box.get("at"), "by": "the box itself"}
+    atomic_write_json(_box_path(ledger, iid), box)  # the teardown's own record is rewritten by the poll
+    for name in names:
+        atomic_write_json(ledger / "teardown" / f"{name}.json", record)
+    console.print(f"[bold]rgt[/bold] {escape(iid)}: {escape(printable(_inbox.describe(box) or ''))}; polling the "
+                  "platform until it reports the stop (never calling it again)")
+    return True
+
+
+def _box_may_still_stop(ledger: Path, iid: str, names: list[str], latest: dict[str, dict]) -> bool:
+    """With an in-box authorisation, the box decides first: the watcher waits (at most INBOX_WAIT_S from when it
+    saw every run ended) until the box's record says it refused (or its command failed); then it stops the meter
+    itself as ever."""
+    doc = read_json(auth_path(ledger, iid))
+    if not isinstance(doc, dict) or not doc.get("in_box") or problem(doc, iid) is not None:
+        return False
+    if any(r.get("action") != _inbox.STOP for r in _box_records(latest, names, doc.get("sha256"))):
+        return False  # the box refused (the record says why): the watcher's own stop, from here
+    first = _ended_at.setdefault(iid, time.monotonic())
+    return time.monotonic() - first < INBOX_WAIT_S
 
 
 def _stop_on_record(ledger: Path, iid: str, names: list[str]) -> bool:
@@ -423,9 +483,16 @@ def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, ou
                "calls": outcome.get("calls") or [],
                "keeps_billing": list(outcome.get("keeps_billing") or item.get("keeps_billing") or []),
                "clocks": list(item.get("clocks") or [])}
+    box = read_json(_box_path(ledger, iid))  # the box stopped its own meter; the watcher only polled the platform
+    if isinstance(box, dict) and box.get("authorisation") == doc.get("sha256"):
+        receipt.update(by="the box itself", box_record=box,
+                       runs=receipt["runs"] or [{"project": r.get("project"), "run_id": r.get("run_id"),
+                                                 "state": r.get("state"), "pull": "export offloaded to "
+                                                 + str(r.get("offload"))} for r in box.get("runs") or []])
     atomic_write_json(receipt_path(ledger, iid), receipt)
     console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} "
-                  f"(authorised at launch; receipt {escape(str(receipt_path(ledger, iid)))})")
+                  f"({'by the box itself, ' if receipt.get('by') else ''}authorised at launch; receipt "
+                  f"{escape(str(receipt_path(ledger, iid)))})")
     for line in receipt["keeps_billing"]:
         console.print(f"  [yellow]still billing:[/yellow] {escape(line)}")
     for line in receipt["clocks"]:
