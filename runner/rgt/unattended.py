@@ -19,6 +19,12 @@ box now. The stop is on record before it is called (teardown's ledger record): a
 started again finds it in flight and polls it, never calls again. The end is a receipt,
 `<ledger>/authorisations/<instance>.receipt.json`, re-listing what still bills. Anything else is a refusal: said
 once (and notified once, rgt.notify), reminded every REMIND_S while it lasts, the meter left running.
+
+The box stops its own meter (`rgt_job.offload.stop_box`, `inbox_at_launch`; docs/unattended.md "The box stops its
+own meter"): the same authorisation, `in_box: true`, goes into each run's job.json, and the box's wrapper decides
+with module_utils/rgt_inbox after its export is offloaded and verified. The watcher leaves the box to decide
+(`_box_may_still_stop`, at most INBOX_WAIT_S), and a stop the box made (its record, seen by status) becomes the
+teardown record's stop in flight: polled to a receipt (`by: the box itself`), never called.
 """
 
 from __future__ import annotations
