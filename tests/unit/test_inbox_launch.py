@@ -1,12 +1,15 @@
 """`rgt_job.offload.stop_box` at launch (rgt.unattended.inbox_at_launch): exit 2 naming the field, before anything
 is launched, without `train --down` naming the instance, without an offload to an rclone remote, or on a profile
-that refuses an in-box stop; otherwise the box's copy is the very authorisation the ledger then keeps."""
+that refuses an in-box stop; otherwise the box's copy is the very authorisation the ledger then keeps. And the
+watcher's side: it leaves the box to decide, and a stop the box made becomes a stop in flight (polled, never
+called)."""
 
 import json
 
 import pytest
 from rich.console import Console
 
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud
 from rgt import unattended
 from rgt.errors import InputError
 from rgt.inventory import Host
@@ -55,3 +58,33 @@ def test_down_for_another_instance_does_not_authorise_this_box(tmp_path):
     with pytest.raises(InputError) as err:
         unattended.inbox_at_launch(tmp_path, [host()], pending("adl-other"))
     assert "--down naming this instance (adl-1)" in str(err.value)
+
+
+def test_the_watcher_leaves_the_box_to_decide_until_it_refuses_or_the_wait_ends(tmp_path, monkeypatch):
+    down = pending()
+    unattended.inbox_at_launch(tmp_path, [host()], down)
+    unattended.record_launch(tmp_path, [host()], down, 0, Console(quiet=True))
+    sha = down["adl-1"]["doc"]["sha256"]
+    ended = {"box": {"state": "finished", "inbox_stop": None}}
+    unattended._ended_at.clear()
+    assert unattended._box_may_still_stop(tmp_path, "adl-1", ["box"], ended)  # no record yet: the box decides
+    refused = {"box": {"state": "finished", "inbox_stop": {"action": "refused", "authorisation": sha}}}
+    assert not unattended._box_may_still_stop(tmp_path, "adl-1", ["box"], refused)  # the watcher's own stop now
+    other = {"box": {"state": "finished", "inbox_stop": {"action": "refused", "authorisation": "an older one"}}}
+    assert unattended._box_may_still_stop(tmp_path, "adl-1", ["box"], other)
+    monkeypatch.setattr(unattended, "INBOX_WAIT_S", 0)
+    assert not unattended._box_may_still_stop(tmp_path, "adl-1", ["box"], ended)  # waited long enough
+
+
+def test_a_stop_the_box_made_becomes_a_stop_in_flight_on_the_teardown_record(tmp_path):
+    down = pending()
+    unattended.inbox_at_launch(tmp_path, [host()], down)
+    unattended.record_launch(tmp_path, [host()], down, 0, Console(quiet=True))
+    sha = down["adl-1"]["doc"]["sha256"]
+    forged = {"box": {"inbox_stop": {"action": "stop", "authorisation": "not this one", "at": "T"}}}
+    assert not unattended._box_stop_seen(Console(quiet=True), tmp_path, "adl-1", ["box"], forged, [host()])
+    seen = {"box": {"inbox_stop": {"action": "stop", "authorisation": sha, "at": "T", "reason": "why"}}}
+    assert unattended._box_stop_seen(Console(quiet=True), tmp_path, "adl-1", ["box"], seen, [host()])
+    record = json.loads((tmp_path / "teardown" / "box.json").read_text())
+    assert rgt_cloud.record_state(record, "adl-1") == rgt_cloud.RECORD_IN_FLIGHT and record["calls"] == []
+    assert unattended._stop_on_record(tmp_path, "adl-1", ["box"])
