@@ -129,6 +129,12 @@ def check_retry(ledger: Path, host: str, run_id: str, job: dict | None, sweep: s
             f"retry it with a higher budget (rgt_job.budget_usd above {spent:.2f}, e.g. -e @job.yml)")
 
 
+def stopped(ledger: Path, sweep: str) -> bool:
+    """Did watch stop (and hold) this sweep at its budget (`<ledger>/budget.json`)?"""
+    record = _load(ledger)["budgets"].get(f"sweep:{sweep}")
+    return isinstance(record, dict) and bool(record.get("stopped"))
+
+
 # ---------------------------------------------------------------- the watcher's pass
 
 def _load(ledger: Path) -> dict:
@@ -194,6 +200,8 @@ class Watcher:
             view = entry["runs"][0]
             self._notify(view.get("host"), f"budget:{key}:{entry['budget_usd']}:{threshold}", view, detail)
         if entry["pct"] >= 100:
+            if entry["scope"] == "sweep":  # first the hold, so that no queue starts a cell into a freed slot
+                self._hold_sweep(record, key.split(":", 1)[1], entry, now)
             for doc in entry["runs"]:
                 if doc.get("state") in _states.ACTIVE:
                     stop_key = f"{doc.get('host')}:{doc.get('run_id')}:{doc.get('attempt')}"
@@ -205,6 +213,65 @@ class Watcher:
         if any(d.get("state") == "budget_stopped" for d in entry["runs"]):
             record["stopped"] = True
         return True
+
+    def _hold_sweep(self, record: dict, sweep: str, entry: dict, now: float) -> None:
+        """Hold the sweep on each of its hosts not held yet (`record["holds"]`): its budget marker
+        (<sweep_dir>/.rgt/BUDGET_STOP, the queue starts no cell while it is there) and its pending Slurm tasks
+        cancelled, in one call of the status round (op budget_hold)."""
+        holds = record.setdefault("holds", {})
+        cells: dict[str, list[str]] = {}
+        for doc in entry["runs"]:
+            cells.setdefault(str(doc.get("host")), []).append(str(doc.get("run_id")))
+        for name, ids in sorted(cells.items()):
+            if name in holds:
+                continue
+            held = self._hold(name, sweep, sorted(ids), entry)
+            if held is not False:  # held, or cannot be from here (said once)
+                holds[name] = now
+                record["stopped"] = record["stopped"] or bool(held)
+
+    def _hold(self, name: str, sweep: str, cells: list[str], entry: dict) -> bool | None:
+        """One host's hold (op budget_hold): True held, False not this time (tried again next tick), None cannot
+        be from here (no SSH round to its box)."""
+        host = self.hosts.get(name)
+        label = printable(f"{name}:{sweep}")
+        if (host is None or not engines.engine_of(host.profile).over_ssh
+                or not sshround.can_round(self.args.inventory, host, self.extravars)):
+            self.console.print(f"budget: cannot hold sweep {label} from here (no SSH round to its box): its queue "
+                               "may start more cells; stop them by hand", highlight=False, markup=False)
+            return None
+        params = sshround.status_params(host)
+        marker = {"reason": "budget", "sweep": sweep, "spent_usd": entry["spent_usd"],
+                  "budget_usd": entry["budget_usd"], "scope": "sweep",
+                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        request = {"op": "budget_hold", "durable_root": params["durable_root"], "project": params["project"],
+                   "sweep": sweep, "cells": cells, "marker": marker}
+        doc = self._round(host, request)
+        if not doc.get("held"):
+            self.console.print(printable(f"budget: could not hold sweep {label} ({doc.get('msg') or doc.get('why')}); "
+                                         "trying again next tick"), highlight=False, markup=False)
+            return False
+        cancelled = doc.get("cancelled") or []
+        self.console.print(printable(f"budget: held sweep {label}: its queue starts no more cells"
+                                     + (f"; cancelled pending Slurm task(s) {', '.join(cancelled)}" if cancelled
+                                        else "")), highlight=False, markup=False)
+        for error in doc.get("errors") or []:
+            self.console.print(printable(f"budget: sweep {label}: could not cancel {error}"), highlight=False,
+                               markup=False)
+        return True
+
+    def _round(self, host, request: dict) -> dict:
+        """One call of the status round with `request`: its answer's last line as a dict ({"why": ...} when
+        there is none)."""
+        answer = sshround.run_cached(sshround.target_for(self.args.inventory, host, self.extravars),
+                                     (json.dumps(request) + "\n").encode())
+        try:
+            doc = json.loads(answer.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError, AttributeError):
+            doc = None
+        if not isinstance(doc, dict):
+            return {"why": f"rc {answer.rc}: {sshround.first_line(answer.stderr)}"}
+        return doc
 
     def _stop(self, doc: dict, entry: dict) -> bool | None:
         """The budget marker and RGT_PREEMPT_FILE on the run's box (the status round's op budget_stop): True
