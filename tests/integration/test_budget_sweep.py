@@ -65,6 +65,8 @@ def test_a_sweep_over_budget_is_held_its_queue_starts_nothing_and_a_higher_budge
 
     trained = rgt("train", "-i", inv, *given(2), "--json", env=runpod, timeout=600)
     assert trained.rc == 0, trained.stderr[-3000:]
+    early = rgt("retry", "-i", inv, *given(2), SWEEP, "--json", env=runpod, timeout=300)
+    assert early.rc == 2 and "sweep bsw was not stopped at its budget" in early.stderr, early.stderr[-2000:]
 
     watch = rgt("watch", "-i", inv, *given(2), "--interval", "1", "--max-ticks", "150", "--json", env=runpod,
                 timeout=900)
