@@ -28,7 +28,7 @@ uploaded): a single run as its next attempt, a cell through its box's queue. Onl
 with `rgt-run watch`. A run watch stopped at its budget (budget_stopped) is retried only with a higher
 rgt_job.budget_usd than it spent. A sweep watch held at its budget is resumed as a whole by its name
 (`rgt-run retry SWEEP` with a higher budget_usd): every host's share lifts the hold, its budget_stopped cells run
-again from their checkpoints and its held cells start as slots free; a cell's own retry lifts the hold on its box.
+again from their checkpoints and its held cells start as slots free; a cell's own retry does so on its box only.
 Exit codes: 0 the run is queued or running again, 1 it was not (it had not failed, or the launch failed), 2 the
 name is no run or cell on these hosts (or a sweep that was not stopped at its budget), 3 a budget_stopped run or
 sweep whose budget was not raised."""
