@@ -133,6 +133,10 @@ status:
       description: "Only for a run submitted through Slurm: job_id, known, state, reason, exit_rc, exit_signal,
         restarts, time_limit, run_time, nodes, error."
     queue_reason: {type: str, description: Only for a run queued by Slurm, its reason.}
+    stop_reason:
+      type: str
+      description: "Only for a sweep cell its sweep's budget holds (state budget_stopped): budget_held (the
+        sweep's .rgt/BUDGET_STOP; rgt-run retry SWEEP with a higher budget_usd resumes it)."
     other_runs:
       type: list
       elements: dict

@@ -46,6 +46,7 @@ from rgt import (
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir, runs_dir
 from rgt.prepare import prepare_hosts
+from rgt.prices import Prices
 from rgt.safetext import printable
 
 _states = paths.module_util("rgt_states")  # the run states, their groups and styles, one home
@@ -198,7 +199,8 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     hosts = move.left_behind(console, ledger, hosts)  # a host whose runs all moved away (rgt.move): one line
     docs = poll(args, console, hosts, extravars, ledger)
-    budget.annotate(every_run(docs))  # spend/budget of each run with rgt_job.budget_usd (its column, --json)
+    runs = every_run(docs)  # spend/budget of each run with rgt_job.budget_usd (its column, --json), at the
+    budget.annotate(runs, prices=budget.platform_prices(runs, Prices(ledger, hosts, console)))  # platform's price
     offload.annotate(docs, runs_dir(getattr(args, "runs_dir", None)))  # offload.to: controller: the local copies
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)
