@@ -238,6 +238,7 @@ class RunPaths(object):
         self.preempt = os.path.join(self.meta, "PREEMPT")
         self.budget_stop = os.path.join(self.meta, "BUDGET_STOP")  # beside PREEMPT: the stop is the budget's
         self.uploads = os.path.join(self.meta, "uploads.jsonl")
+        self.inbox_stop = os.path.join(self.meta, "inbox_stop.json")  # what the box did of its own meter (rgt_inbox)
         self.export_dir = os.path.join(self.project_dir, "export")
         self.partial_dir = os.path.join(self.export_dir, ".partial")
         self.quarantine_dir = os.path.join(self.project_dir, "quarantine")

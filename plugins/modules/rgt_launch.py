@@ -80,6 +80,14 @@ options:
         anything is written; C(action=ship) requires the shipped binary at C(path) with C(sha256) and names it in
         job.json's C(offload.rclone).
     type: dict
+  inbox_stop:
+    description:
+      - "The copy of this instance's authorisation that lets the box stop its own meter (C(rgt-run train --down)
+        with C(rgt_job.offload.stop_box)): C(authorisation) (as the ledger keeps it, with its SHA-256),
+        C(command) (the profile's C(meter_stop.in_box.command)) and C(self_id_env). Written into job.json's
+        C(inbox_stop); the wrapper decides with module_utils/rgt_inbox after its export is offloaded and
+        verified."
+    type: dict
   network_env:
     description: Profile network environment (merged under the job's C(env)); a leading C(~) is expanded.
     type: dict
@@ -359,6 +367,7 @@ def main():
             sweep=dict(type="dict"),
             queue_bundle=dict(type="dict"),
             rclone=dict(type="dict"),
+            inbox_stop=dict(type="dict"),
         ),
         supports_check_mode=True,
     )

@@ -116,6 +116,11 @@ status:
       description: "A run whose job spec has an offload: {to, newest: {name, step, bytes, dest, age_s} of the newest
         verified copy or null, failing: the last copy's failure or null, behind_s} (module_utils/rgt_offload,
         docs/offload.md); null otherwise."
+    inbox_stop:
+      type: dict
+      description: "What the box did of its own meter (rgt_job.offload.stop_box, module_utils/rgt_inbox): the run's
+        .rgt/inbox_stop.json {action (stop, stop_failed, refused), reason, reasons, at, instance_id, own_id,
+        authorisation, runs, command, rc}; null when it made none."
     warnings: {type: list, elements: str, description: What could not be read or looks wrong.}
     collected_at: {type: float, description: Epoch seconds on the box.}
     history:
