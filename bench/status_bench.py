@@ -8,7 +8,9 @@ Baselines, measured in the same run on the same stubs (ratios, never a timed ass
 Also measured: the status round alone inside one process (rgt.engines.poll: no process start, no inventory read),
 the controller CPU of one watch tick (user+sys of this process and its ssh children during one poll), and with
 --play the old path, one monitor.yml run through ansible-runner (rgt.observe.poll_play).
-Usage: python bench/status_bench.py [--hosts 16] [--rounds 5] [--play]
+With --compare DIR, `rgt-run status --json` of another checkout (PYTHONPATH=DIR/runner: its runner and collection)
+is measured in the same rounds too.
+Usage: python bench/status_bench.py [--hosts 16] [--rounds 5] [--play] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--play", action="store_true", help="also time the monitor play (the path before the round)")
     ap.add_argument("--start-workers", type=int, default=4, help="stubs started at once")
+    ap.add_argument("--compare", metavar="DIR", help="also time another checkout's rgt-run status (its runner/)")
     args = ap.parse_args()
     sh.ensure_image()
     tag = sh.session_tag("rgtb")
@@ -83,10 +86,12 @@ def main() -> int:
         (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
         env = {**os.environ, "RGT_LEDGER": str(work / "ledger")}
 
-        def rgt_status() -> float:
+        base_env = {**env, "PYTHONPATH": str(Path(args.compare).resolve() / "runner")} if args.compare else env
+
+        def rgt_status(run_env: dict = env) -> float:
             t0 = time.perf_counter()
             proc = subprocess.run([sys.executable, "-m", "rgt.cli", "status", "-i", str(inv), "--json"],
-                                  capture_output=True, text=True, env=env, cwd=REPO)
+                                  capture_output=True, text=True, env=run_env, cwd=REPO)
             elapsed = time.perf_counter() - t0
             doc = json.loads(proc.stdout)
             assert len(doc["hosts"]) == args.hosts and all(
@@ -141,12 +146,16 @@ def main() -> int:
             return time.perf_counter() - t0
 
         rgt_status()  # warm: ControlPersist masters, the zipapp shipped to every box, bytecode caches
+        if args.compare:
+            rgt_status(base_env)
         plain_ssh()
         floor_round()
         in_process_tick()
-        rgt_t, floor_t, ssh_t, tick_t, tick_cpu = [], [], [], [], []
+        rgt_t, floor_t, ssh_t, tick_t, tick_cpu, base_t = [], [], [], [], [], []
         for _ in range(args.rounds):  # interleaved, so a slow moment of the machine hits every measure alike
             rgt_t.append(rgt_status())
+            if args.compare:
+                base_t.append(rgt_status(base_env))
             floor_t.append(floor_round())
             ssh_t.append(plain_ssh())
             wall, cpu = in_process_tick()
@@ -163,6 +172,11 @@ def main() -> int:
                   "ratio_status_vs_mux_python_round": round(med["rgt"] / med["floor"], 2),
                   "ratio_round_in_process_vs_mux_python_round": round(med["tick"] / med["floor"], 2),
                   "every_host_answered": True}
+        if args.compare:
+            base = statistics.median(base_t)
+            result["compare_rgt_status_median_s"] = round(base, 3)
+            result["ratio_compare_vs_mux_python_round"] = round(base / med["floor"], 2)
+        result["load_average"] = [round(x, 2) for x in os.getloadavg()]
         if args.play:
             play_poll()
             play = statistics.median([play_poll() for _ in range(max(1, args.rounds // 2))])

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 
 from rgt import (
@@ -313,6 +312,8 @@ def inventory_names(inventory: str | os.PathLike) -> list[str]:
     inv = Path(inventory).expanduser()
     files = ([p for p in sorted(inv.iterdir()) if p.is_file() and p.name != "known_hosts"
               and p.suffix in (".yml", ".yaml", ".json", ".ini", "")] if inv.is_dir() else [inv])
+    import yaml  # 11 ms of every start; only a shell completing -l reads an inventory here
+
     names: set[str] = set()
     for path in files:
         try:

@@ -21,8 +21,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import yaml
-
 from rgt import paths
 from rgt.ledger import cache_path, cache_put
 
@@ -32,12 +30,13 @@ SUFFIXES = ("_confirm", "_confirms")
 CHANNEL = "rgt_teardown_confirms"
 ROLES_DIR = paths.REPO_ROOT / "roles"
 CACHE_KEEP = 4  # derivations kept on disk (one per collection version in use)
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _yaml(path: Path) -> object:
+    import yaml  # 11 ms of every start; only a derivation the disk cache does not hold reads the roles' YAML
+
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - a safe loader (libyaml's when built)
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
         return None
 

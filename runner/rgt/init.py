@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path, PurePosixPath
 
-import yaml
 from rich.console import Console
 
 from rgt import engines, errors, output, profiles
@@ -30,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _yaml_line(value: object) -> str:
+    import yaml  # 11 ms of every start; only `rgt-run init` writes YAML
+
     return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip().removesuffix("\n...")
 
 
@@ -73,6 +74,8 @@ def inventory_text(profile: dict) -> str:
                   "# box's host key: rgt-run pin -i inventory (compare the fingerprint with the console)."]
         if ssh.get("notes"):
             lines.append(f"# SSH on {name}: {ssh['notes']}")
+    import yaml  # 11 ms of every start; only `rgt-run init` writes YAML
+
     body = yaml.safe_dump({"all": {"hosts": {"box1": host}}}, sort_keys=False, allow_unicode=True, width=110)
     return "\n".join(lines) + "\n---\n" + body
 

@@ -12,16 +12,19 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jsonschema
 from ansible.release import __version__ as ansible_version
-from referencing import Registry, Resource
 
 from rgt import confirmation, jobspec, paths
 from rgt.errors import InputError, RgtError
-from rgt.ledger import cache_path, cache_put
+from rgt.ledger import cache_path, cache_put, pass_key, passed_before, remember_pass
 from rgt.profiles import ProfileError, load_profile, profile_names
+
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 _layout = paths.module_util("rgt_runlayout")  # the box's name, env-name and relative-path rules, one home
@@ -72,7 +75,11 @@ def load_schema(name: str) -> dict:
 
 
 def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
-    """A validator for a schema file name (or an inline schema) that may $ref the other schemas in SCHEMA_DIR."""
+    """A validator for a schema file name (or an inline schema) that may $ref the other schemas in SCHEMA_DIR.
+    jsonschema is imported here, by the first document that has not passed before (`_passed`): 40 ms of a start."""
+    import jsonschema
+    from referencing import Registry, Resource
+
     resources = []
     for schema_file in SCHEMA_DIR.glob("*.schema.json"):
         doc = load_schema(schema_file.name)
@@ -84,6 +91,20 @@ def _validator(schema: str | dict) -> jsonschema.Draft202012Validator:
     # format checks too: a log pattern that is no regex is refused here, not on the box
     return jsonschema.Draft202012Validator(schema, registry=registry,
                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+
+
+@cache
+def _checker() -> bytes:
+    """What decides a schema verdict here: every schema file as it is filled in (load_schema) and this module's own
+    code (the validator it builds, the wrappers it validates against)."""
+    parts = [json.dumps(load_schema(p.name), sort_keys=True).encode() for p in sorted(SCHEMA_DIR.glob("*.json"))]
+    return b"\0".join([*parts, Path(__file__).read_bytes()])
+
+
+def _passed(kind: str, doc: object) -> tuple[bool, Path | None]:
+    """(did `doc` pass this validation before, the key to remember its pass by) (rgt.ledger.pass_key)."""
+    key = pass_key(kind, doc, _checker() + b"\0" + kind.encode())
+    return passed_before(key), key
 
 
 def _field_path(error: jsonschema.ValidationError) -> str:
@@ -151,9 +172,12 @@ def validate_job(job: dict, where: str = "job spec", base: Path | None = None) -
     `base`: where its relative local paths resolve (rgt.jobspec; default the current directory)."""
     wrapper = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
                "properties": {"rgt_job": {"$ref": "job.schema.json"}}}
-    errors = sorted(_validator(wrapper).iter_errors({"rgt_job": job}), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise explain(errors[0], where)
+    seen, key = _passed("job", {"rgt_job": job})
+    if not seen:
+        errors = sorted(_validator(wrapper).iter_errors({"rgt_job": job}), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise explain(errors[0], where)
+        remember_pass(key)
     check_job(job, where, base)
 
 
@@ -380,7 +404,7 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
     if not merged:
         raise InputError(f"inventory '{inventory}' has no hosts" + (f" matching --limit {limit}" if limit else ""),
                          fix="add a host with rgt_profile and rgt_instance_id", field="-i")
-    validator = _validator("inventory_host.schema.json")
+    validator = None  # built for the first host whose variables did not pass before
     extravars = extravars or {}
     hosts = []
     names = profile_names()
@@ -401,10 +425,14 @@ def load_hosts(inventory: str, limit: str | None = None, extravars: dict | None 
         # unquoted `on:` (YAML's true, "true" in ansible-inventory's JSON) is `on`
         hv = jobspec.host_vars_notify_on({**hv, **{k: v for k, v in extravars.items() if k.startswith("rgt_")}})
         rgt_vars = {k: v for k, v in hv.items() if k.startswith("rgt_")}
-        errors = sorted(validator.iter_errors(rgt_vars),
-                        key=lambda e: (e.validator != "required", list(e.absolute_path)))
-        if errors:
-            raise explain(errors[0], f"host '{name}'")
+        seen, key = _passed("inventory_host", rgt_vars)
+        if not seen:
+            validator = validator or _validator("inventory_host.schema.json")
+            errors = sorted(validator.iter_errors(rgt_vars),
+                            key=lambda e: (e.validator != "required", list(e.absolute_path)))
+            if errors:
+                raise explain(errors[0], f"host '{name}'")
+            remember_pass(key)
         if rgt_vars["rgt_profile"] not in names:
             raise InputError(f"host '{name}': rgt_profile: unknown profile '{rgt_vars['rgt_profile']}'",
                              fix="use one of: " + ", ".join(names), field="rgt_profile")

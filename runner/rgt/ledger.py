@@ -8,8 +8,12 @@ write removes its temp file (the old record stays as it was), an append is cut b
 from __future__ import annotations
 
 import errno
+import functools
+import hashlib
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +106,61 @@ def cache_put(path: Path, data: bytes, keep: int, mode: int = 0o644) -> None:
             old.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def plain_json(value: object) -> bool:
+    """Does `value` hold only JSON's own types (str keys; str, int, float, bool, None, list, dict), exactly? Then
+    its JSON text says all a validator sees: a date, a tuple or an int key would read as a string or a list."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if kind is list:
+        return all(plain_json(item) for item in value)
+    if kind is dict:
+        return all(type(key) is str and plain_json(item) for key, item in value.items())
+    return False
+
+
+@functools.cache
+def library_identity(name: str) -> str:
+    """Where a library is installed and when its files were written: an upgrade (a new jsonschema, whose checks
+    may differ) is another identity."""
+    try:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec else None
+        return f"{name}:{origin}:{os.stat(origin).st_mtime_ns}" if origin else f"{name}:absent"
+    except (ImportError, OSError, ValueError):
+        return f"{name}:unknown"
+
+
+PASSES_KEEP = 512  # validation passes remembered on disk, newest first
+
+
+def pass_key(kind: str, doc: object, checker: bytes) -> Path | None:
+    """Where a schema validation's pass of `doc` is remembered between processes (`kind`: what was validated;
+    `checker`: the bytes that decide the verdict: the schemas and the code that validates). Keyed by the hash of
+    the document's canonical JSON, the checker, the Python and the validation libraries' installed files, so an
+    edited file, schema, validator or library is validated again. None (validate every time) for a document that
+    holds anything but JSON's own types."""
+    if not plain_json(doc):
+        return None
+    digest = hashlib.sha256()
+    for part in (kind.encode(), checker, sys.version.encode(), library_identity("jsonschema").encode(),
+                 library_identity("referencing").encode(), library_identity("jsonschema_specifications").encode(),
+                 json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return cache_path("passes", f"{digest.hexdigest()[:40]}.ok")
+
+
+def passed_before(key: Path | None) -> bool:
+    """Did this exact document pass this exact validation before (pass_key)? Only a pass is remembered: a
+    refusal is validated, and explained, every time."""
+    return key is not None and key.is_file()
+
+
+def remember_pass(key: Path | None) -> None:
+    if key is not None:
+        cache_put(key, b"", PASSES_KEEP)
 
 
 def atomic_write_json(path: Path, doc: Any) -> None:

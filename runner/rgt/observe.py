@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -94,6 +95,19 @@ def record(ledger: Path, host: str, doc: dict, now: float) -> dict:
             "error": doc.get("error")}
     append_jsonl(ledger / "status" / f"{host}.jsonl", tick)
     return doc
+
+
+RECORD_THREADS = 16  # the hosts' records written at once: their fsyncs overlap (each waits on the disk, not the CPU)
+
+
+def record_all(ledger: Path, docs: dict[str, dict], now: float) -> dict[str, dict]:
+    """record() of every host's document, several at once: each host's two files are its own, each write as atomic
+    and fsynced as alone; 16 hosts' 48 fsyncs one after another were 50-800 ms of a look on a shared disk."""
+    if len(docs) < 2:
+        return {host: record(ledger, host, doc, now) for host, doc in docs.items()}
+    with ThreadPoolExecutor(max_workers=min(RECORD_THREADS, len(docs))) as pool:
+        futures = {host: pool.submit(record, ledger, host, doc, now) for host, doc in docs.items()}
+        return {host: future.result() for host, future in futures.items()}  # a refused write raises here
 
 
 def poll_play(args: argparse.Namespace, console: Console, hosts: list, extravars: dict, ledger: Path) -> dict:

@@ -19,8 +19,6 @@ import shlex
 import shutil
 from pathlib import Path
 
-import yaml
-
 from rgt import confirmation, engines, jobspec, k8s_engine, memory, paths, profiles, sshround, sweeps
 from rgt.errors import InputError, RgtError
 from rgt.inventory import Host, ansible_env, check_pins, load_hosts, missing_secrets, secret_name_shown, validate_job
@@ -63,6 +61,8 @@ def _expanded_nodes(doc: object, where: str) -> int:
 
 
 def _load_vars_file(path: Path) -> object:
+    import yaml  # 11 ms of every start; only `-e` is YAML here (a status without -e reads none)
+
     where = f"extra vars file '{path}'"
     if not path.is_file():
         raise InputError(f"{where} does not exist" if not path.exists() else f"{where} is not a file",
@@ -98,6 +98,8 @@ def parse_extravars(values: list[str], origins: dict[str, str] | None = None) ->
             doc = _load_vars_file(Path(raw[1:]))
             origin = f"-e {raw}"
         elif raw.lstrip().startswith("{"):
+            import yaml  # 11 ms of every start; only `-e` is YAML here (a status without -e reads none)
+
             try:
                 doc = yaml.safe_load(raw)
             except yaml.YAMLError as exc:

@@ -10,6 +10,10 @@ package (`<repo>/runner/rgt/profiles.py` -> `<repo>/plugins/module_utils/rgt_pro
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
+import hashlib
+import json
 import os
 from datetime import date
 from pathlib import Path
@@ -20,6 +24,7 @@ from rich.table import Table
 
 from rgt import errors, output, paths
 from rgt.errors import InputError
+from rgt.ledger import cache_path, cache_put, library_identity, pass_key, passed_before, plain_json, remember_pass
 
 _core = paths.module_util("rgt_profiles")
 registry = paths.module_util("rgt_registry")  # the detach primitives and meter-stop verbs, one home
@@ -40,10 +45,70 @@ def registry_errors(profile: object, source: str = "<profile>") -> list:
     return [ProfileError(field, message, fix, source) for field, message, fix in registry.profile_problems(profile)]
 
 
+@functools.cache
+def _checker() -> bytes:
+    """What decides a profile's schema verdict: the schema and the validator's code (module_utils rgt_profiles, with
+    the registry its semantic checks read)."""
+    return b"\0".join(Path(f).read_bytes() for f in (SCHEMA_PATH, _core.__file__, registry.__file__))
+
+
+def _validate_remembered(data: object, source: str = "<profile>", expected_name: str | None = None) -> list:
+    """validate_profile_data's verdict, from the pass of the same data, name, schema and validator remembered
+    between processes (rgt.ledger.pass_key) when there is one: only a pass is remembered, a refusal is validated and
+    explained every time."""
+    key = pass_key(f"profile:{expected_name}", data, _checker())
+    if passed_before(key):
+        return []
+    problems = _core.validate_profile_data(data, source, expected_name=expected_name)
+    if not problems:
+        remember_pass(key)
+    return problems
+
+
+LOADED_KEEP = 64  # validated profiles kept on disk, newest first
+_LOADED: dict[str, dict] = {}  # this process's, by the same key
+
+
+def _loaded_file(name: str, profiles_dir: str | Path | None) -> Path | None:
+    """Where the profile as loaded (parsed, validated, placeholders filled) is kept between processes: named by the
+    hash of its file's bytes, its name, the schema and the loader's code, and PyYAML's installed files; None when
+    the file cannot be read (the module_util names why)."""
+    try:
+        raw = _core.profile_path(name, profiles_dir).read_bytes()
+    except (ProfileError, OSError):
+        return None
+    digest = hashlib.sha256()
+    for part in (name.encode(), raw, _checker(), library_identity("yaml").encode(), library_identity("_yaml").encode()):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return cache_path("profiles", f"{digest.hexdigest()[:40]}.json")
+
+
+def _load(name: str, profiles_dir: str | Path | None) -> dict:
+    """The profile as the module_util loads it; from this process's memory or the disk when the same bytes loaded
+    before (no YAML parsed, nothing validated again: the same file gives the same profile), else loaded and kept
+    (only a profile of JSON's own types: its JSON is then exactly what was loaded)."""
+    kept = _loaded_file(name, profiles_dir)
+    key = str(kept)
+    if kept is not None and key not in _LOADED:
+        try:
+            doc = json.loads(kept.read_bytes())
+            if isinstance(doc, dict) and doc.get("name") == name:
+                _LOADED[key] = doc
+        except (OSError, ValueError):
+            pass
+    if kept is None or key not in _LOADED:
+        profile = _core.load_profile(name, profiles_dir=profiles_dir, validate=_validate_remembered)
+        if kept is None or not plain_json(profile):
+            return profile
+        cache_put(kept, json.dumps(profile, sort_keys=True).encode(), LOADED_KEEP)
+        _LOADED[key] = profile
+    return copy.deepcopy(_LOADED[key])  # callers may mutate their copy
+
+
 def load_profile(name: str, profiles_dir: str | Path | None = None) -> dict:
     """Return the validated profile `name`; raise ProfileError(field, message, fix) naming the JSON path.
     A primitive or verb that is not registered (plugins/module_utils/rgt_registry.py) is refused here too."""
-    profile = _core.load_profile(name, profiles_dir=profiles_dir)
+    profile = _load(name, profiles_dir)
     errors = registry_errors(profile, str(_core.profile_path(name, profiles_dir)))
     if errors:
         raise errors[0]

@@ -32,6 +32,11 @@ WHY_INSIDE = {
     ("cli", ("argcomplete",)): "3 ms; only a shell completing needs it",
     ("cli", ("importlib",)): "30 ms (importlib.metadata); only --version reads the distribution's metadata",
     ("cli", ("tomllib",)): "2 ms; only --version in a checkout that was never installed reads pyproject.toml",
+    ("inventory", ("jsonschema", "referencing")): "40-70 ms; only a document that has not passed the same "
+                                                  "validation before is validated (rgt.ledger.pass_key)",
+    **{(module, ("yaml",)): "11 ms; a status whose inventory, profile and validation are cached reads no YAML "
+                             "(rgt.inventory, rgt.profiles, rgt.ledger.pass_key)"
+       for module in ("cli", "confirmation", "init", "k8s", "k8s_engine", "prepare")},
     ("notify", ("urllib.request", "urllib.error", "http.client")): "9 ms with ssl; only a webhook's post needs them",
 }
 FUNCTION_LEVEL = {(module, name): why for (module, names), why in WHY_INSIDE.items() for name in names}

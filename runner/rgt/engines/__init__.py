@@ -17,7 +17,7 @@ from rgt import k8s, paths
 from rgt.engines.base import Engine
 from rgt.engines.kubernetes import Kubernetes
 from rgt.engines.ssh import Ssh
-from rgt.observe import record
+from rgt.observe import record_all
 
 # every engine, built from its class (never from a name); the order is the order a command acts in on a mixed
 # inventory (as before the engines: Kubernetes hosts first, then the boxes' play, whose result holds them all)
@@ -61,5 +61,4 @@ def poll(args: argparse.Namespace, console: Console, hosts: list, extravars: dic
     docs: dict[str, dict] = {}
     for engine, mine in split(hosts):
         docs.update(engine.observe(args, console, mine, extravars, ledger))
-    now = time.time()
-    return {h.name: record(ledger, h.name, docs[h.name], now) for h in hosts}
+    return record_all(ledger, {h.name: docs[h.name] for h in hosts}, time.time())
