@@ -194,6 +194,12 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
     before = attempts_before(ledger, old, entry)
     job = dict(entry["job"])  # a sweep cell's is its own job as one run (rgt.rosters.cell_job): it starts as one
     job["env"] = {**(job.get("env") or {}), "RGT_GENERATION": str(generation), "RGT_ATTEMPTS_BEFORE": str(before)}
+    spares = (job.get("offload") or {}).get("spares")
+    if spares:  # the run now lives on --to: the spares left are the others (watch's automatic move)
+        rest = [s for s in spares if s != args.to]
+        job["offload"] = {k: v for k, v in job["offload"].items() if k != "spares" and (rest or k != "move_after_s")}
+        if rest:
+            job["offload"]["spares"] = rest
     stage = Path(tempfile.mkdtemp(prefix="rgt-move-"))
     try:
         # every input, the secrets in this shell and the new host's pin are checked before the checkpoint is fetched
