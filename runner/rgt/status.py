@@ -402,7 +402,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                                     [by_name[n] for n in due if docs[n].get("state") != "unreachable"], extravars,
                                     ledger, events))
             for moved in moves.tick({n: docs[n] for n in due}, by_name):  # a gone box's run, to a spare
-                _follow_moved(args, moved, by_name, schedule, hosts, notifier, extravars, _monotonic())
+                _follow_moved(args, console, moved, by_name, schedule, hosts, notifier, extravars, _monotonic())
         offload.tick(args, console, hosts, docs, extravars, watching.follow)  # rgt.offload: to: controller
         mono, now = _monotonic(), time.time()
         to_resume = []
@@ -508,20 +508,25 @@ def _watch_summary(latest: dict[str, dict], ledger: Path | None = None, hosts: l
     return "; ".join(lines) + "; " + runreport.losses_and_cost(runreport.run_facts(r) for r in seen)
 
 
-def _follow_moved(args: argparse.Namespace, moved: dict, by_name: dict, schedule: Schedule, hosts: list, notifier,
-                  extravars: dict, now: float) -> None:
+def _follow_moved(args: argparse.Namespace, console: Console, moved: dict, by_name: dict, schedule: Schedule,
+                  hosts: list, notifier, extravars: dict, now: float) -> None:
     """After watch moved a run to a spare (rgt.automove): the spare is watched from the next tick, with the runs the
     ledger now knows on it; the old host is done once the platform said it is gone."""
+    if moved.get("gone"):
+        schedule.done.add(moved["from"])  # terminated: nothing there to fence, ever
     ns = argparse.Namespace(**{**vars(args), "limit": moved["to"], "extra_vars": []})
-    (spare,), _extra = prepare_hosts(ns)
+    try:
+        (spare,), _extra = prepare_hosts(ns)
+    except (errors.InputError, ValueError) as exc:  # the run goes on there; watch says why it cannot follow it
+        console.print(f"{moved['to']}: not watched by this watch ({getattr(exc, 'message', exc)}): `rgt-run watch "
+                      f"-i INV -l {moved['to']}` follows the run there", highlight=False, markup=False)
+        return
     by_name[moved["to"]] = spare
     hosts[:] = [h for h in hosts if h.name != spare.name] + [spare]
     schedule.due[spare.name], schedule.failures[spare.name] = now, 0
     schedule.done.discard(spare.name)
     if notifier is not None:
         notifier.rules[spare.name] = notify.host_rules(spare, extravars)
-    if moved.get("gone"):
-        schedule.done.add(moved["from"])  # terminated: nothing there to fence, ever
 
 
 def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console):
