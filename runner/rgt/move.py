@@ -225,7 +225,16 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
                       f"{escape(got['name'])} (step {got['step']}, verified against its manifest)"
                       + (f"; work lost: {lost} steps (the old box was last seen at step {last})"
                          if lost is not None else ""))
-        extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files")}
+        # the new run dir's offload records start with this copy: it is on the target and verified (status then
+        # shows the offload as it is, not a checkpoint that waits for a copy since the old box made it)
+        now = time.time()
+        offload_record = {"kind": "checkpoint", "name": got["name"], "step": got["step"], "dest": got["dest"],
+                          "ok": True, "verified": True, "files": got["files"],
+                          "manifest_sha256": got["manifest_sha256"], "ts_epoch": round(now, 3),
+                          "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "moved_from": old,
+                          "attempt": before}
+        extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files"),
+                                 "offload_record": offload_record}
         ledger = ledger_dir(args.ledger)
         result = run_playbook(paths.PLAYBOOKS_DIR / "move.yml", args.inventory, hosts, ledger=ledger,
                               console=console, extravars=extravars, limit=args.to, quiet=not args.verbose,

@@ -92,6 +92,9 @@ def test_watch_moves_a_run_whose_box_is_destroyed_to_its_spare_by_itself_and_fol
         assert json.loads(box(adl, f"cat {NEW_RUNS}/am/.rgt/exit.json"))["reason"] == "finished"
         assert box(adl, f"sha256sum {NEW_RUNS}/am/out/weights.bin").split()[0] == reference_weights(tmp_path, STEPS)
         assert "spares" not in json.loads(box(adl, f"cat {NEW_RUNS}/am/.rgt/job.json")).get("offload", {})
+        seeded = json.loads(box(adl, f"head -1 {NEW_RUNS}/am/offload.jsonl"))  # on the target, verified: not behind
+        assert (seeded["name"], seeded["verified"], seeded["moved_from"]) == (moves[0]["checkpoint"]["name"], True,
+                                                                              "doomed")
 
         # the ledger keeps the automatic move (a restarted watcher never repeats it); the event and the message
         state = json.loads((rgt.ledger / "automove" / "doomed.json").read_text())

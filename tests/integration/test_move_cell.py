@@ -24,7 +24,8 @@ from tests.fakes.s3 import S3Server, rclone_binary
 from tests.harness import stubhost as sh
 
 pytestmark = [pytest.mark.stubs, pytest.mark.slow]
-STEPS = 240  # the moved cell's old attempt must outlive the ~10 s from its return to the fence
+STEPS = 400  # the other cell (and so the old box's queue) must outlive the ~15 s from the box's return to the fence
+QUEUE_SPEC = "/workspace/rgt/sweeps/mc/.rgt/queue.json"
 MOVED, STAYS = "mc--seed=1", "mc--seed=2"
 
 
@@ -115,6 +116,12 @@ def test_a_sweep_cell_moves_to_another_box_its_attempts_go_on_and_the_old_queue_
             watched.stderr
         assert json.loads(box(rp, f"cat {RUNS}/{MOVED}/.rgt/moved.json"))["moved_to"] == "adl"
         assert json.loads(box(rp, f"cat {RUNS}/{MOVED}/.rgt/exit.json"))["reason"] == "preempted"
+        # a new generation of the old box's queue.json that still lists the cell (every cell may start once more):
+        # the queue, still running the other cell, never starts the fenced one
+        assert wrappers(rp, STAYS) == 1
+        box(rp, "python3 -c 'import json, os, sys; p = sys.argv[1]; d = json.load(open(p)); d[\"generation\"] += 1; "
+                "d[\"cells\"] = sys.argv[2:]; json.dump(d, open(p + \".t\", \"w\")); os.replace(p + \".t\", p)' "
+                f"{QUEUE_SPEC} {MOVED} {STAYS}")
         time.sleep(5)  # several polls of the old box's queue: it never starts the fenced cell again
         assert wrappers(rp, MOVED) == 0 and len(starts(rp, RUNS, MOVED)) == 1
         wait_for(lambda: finished(rp, RUNS, STAYS), timeout=180, what="the other cell to finish", interval=1.0)
