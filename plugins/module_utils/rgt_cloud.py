@@ -209,6 +209,24 @@ class Client(object):
         """Resources that outlive the instance and keep billing (Paperspace lists them)."""
         return []
 
+    prices = False  # price_per_hour says what the platform bills the instance (rgt.prices: budgets)
+
+    def price_per_hour(self, instance_id):
+        """What the platform bills the instance now, USD per hour, or None when its answer carries no price (or
+        a price of 0: an instance that is not running bills no compute now). CloudError when it cannot say."""
+        raise CloudError("%s says no price through rgt" % self.platform, kind="config")
+
+
+def _price(value):
+    """A platform's price field as a positive float, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        price = float(value)
+    except ValueError:
+        return None
+    return price if price > 0 else None
+
 
 class RunPodRest(Client):
     """RunPod REST v2: DELETE /v2/pods/{id} → 204; GET /v2/pods/{id} until 404 (or status TERMINATED)."""
@@ -225,6 +243,20 @@ class RunPodRest(Client):
 
     def stop(self, instance_id):
         self.http.request("DELETE", "/v2/pods/" + quote(instance_id, safe=""), allow=())
+
+    prices = True
+
+    def price_per_hour(self, instance_id):
+        """The pod's `cost` (REST v2, USD/hr; 0.0 when EXITED or TERMINATED), or v1's `adjustedCostPerHr` /
+        `costPerHr`."""
+        status, doc = self.http.request("GET", "/v2/pods/" + quote(instance_id, safe=""))
+        if status == 404:
+            raise CloudError("RunPod has no pod %s" % instance_id, kind="api", status=404)
+        doc = doc if isinstance(doc, dict) else {}
+        for key in ("cost", "adjustedCostPerHr", "costPerHr"):
+            if key in doc:
+                return _price(doc[key])
+        return None
 
 
 class VastRest(Client):
@@ -248,6 +280,19 @@ class VastRest(Client):
     def gone(self, state, after_call):
         # `exited` is also a stopped (disk-billing) instance: it counts as gone only after our destroy
         return state in (GONE, "destroyed") or (after_call and state == "exited")
+
+    prices = True
+
+    def price_per_hour(self, instance_id):
+        """The instance's `dph_total` (dollars per hour, everything it bills while running)."""
+        status, doc = self.http.request("GET", "/api/v0/instances/%s/" % quote(instance_id, safe=""),
+                                        query={"owner": "me"})
+        inst = (doc or {}).get("instances") if isinstance(doc, dict) else None
+        if isinstance(inst, list):
+            inst = inst[0] if inst else None
+        if status == 404 or not isinstance(inst, dict):
+            raise CloudError("vast.ai has no instance %s" % instance_id, kind="api", status=status)
+        return _price(inst.get("dph_total"))
 
     def stop(self, instance_id):
         _, doc = self.http.request("DELETE", "/api/v0/instances/%s/" % quote(instance_id, safe=""), body={},

@@ -309,6 +309,8 @@ def job_document(module, paths, job, code_dir, omp, python, secrets_file):
     # the virtual environments rgt runs from on this box: the wrapper keeps them out of the job's environment
     doc["rgt_prefixes"] = rl.own_prefixes()
     doc["seal"] = seal_document(p.get("host"), p.get("instance_id"), job)
+    # train --down with offload.stop_box: the authorisation's copy the box stops its own meter by (rgt_inbox)
+    doc["inbox_stop"] = p.get("inbox_stop") or None
     return doc
 
 

@@ -122,6 +122,25 @@ def code_dir_of(module, sweep, views, result):
     return code_dir
 
 
+def budget_hold(module, sweep, views, result):
+    """The sweep's budget marker (rgt_runlayout.budget_held: watch held the sweep at 100% of its budget_usd).
+    With ``budget_resume`` (`rgt-run retry` with a higher budget) it is removed and the cells it stopped
+    (budget_stopped) are retried with the raised budget; else, while it is there, no cell is laid out or submitted
+    (the queue starts none either) and the result says why. Returns the views of the cells that may start
+    (to_start)."""
+    held = rl.budget_held(sweep.dir)
+    if module.params["sweep"].get("budget_resume"):
+        sweep.retry |= set(c["id"] for c, _pa, st, _at in views if st == "budget_stopped")
+        if held is not None and not module.check_mode:
+            rl.release_sweep(sweep.dir)
+        result["budget_released"] = held is not None
+        held = None
+    if held is not None:
+        result["budget_held"] = held
+        return []
+    return to_start(views, sweep.retry)
+
+
 def to_start(views, retry):
     """The views of the cells that may start (never a live one, nor one moved away: moved_away; rgt_runlayout.
     may_start, a failed one only when in `retry`)."""
@@ -131,7 +150,7 @@ def to_start(views, retry):
 
 def moved_away(paths):
     """A cell `rgt-run move` took to another box is fenced here (rgt_runlayout.fenced): never started on this box."""
-    return rl.fenced(paths) is not None
+    return paths is not None and rl.fenced(paths) is not None
 
 
 def would(sweep, views, to_write, result):
@@ -249,6 +268,8 @@ def queue_report(sweep, views, to_write, seen, started, inc, result):
     for cell, paths, _state, _attempt in views:
         state, attempt = cell_view(paths, inc)
         shown = "running" if state == "live" else "queued" if cell["id"] in pending else lp.shown_state(state)
+        if result.get("budget_held") is not None and shown in ("not_started", "preempted", "dead"):
+            shown = "budget_stopped"  # held by the sweep's budget (rgt_reconcile.with_budget_hold says the same)
         counts[shown] = counts.get(shown, 0) + 1
         result["cells"].append({"run_id": cell["id"], "state": shown, "attempt": attempt, "run_dir": paths.run_dir,
                                 "written": any(c is cell for c, _p, _s, _a in to_write)})

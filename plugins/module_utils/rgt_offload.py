@@ -92,6 +92,7 @@ _HINTS = {
                     "export the value in this shell and list its name under offload.credentials"),
     "every": ("must be a number of seconds from 5 to 604800", "set offload.every: 600 (at most one copy per 10 min)"),
     "keep": ("must be a whole number from 1 to 1000", "set offload.keep: 3 (the newest 3 kept on the target)"),
+    "stop_box": ("must be true or false", "set offload.stop_box: true (with rgt-run train --down), or drop it"),
     "bwlimit": ("must be a rate such as 20M (rclone's --bwlimit: 20 MiB/s)", "set offload.bwlimit: 20M, or drop it"),
     "spares": ("must list host names of the inventory, each once", "set offload.spares: [spare-box], hosts of the "
                "inventory kept for this run to move to (docs/move.md)"),

@@ -228,6 +228,20 @@ def _semantic_errors(data: dict, source: str, expected_name: str | None) -> list
                 source,
             )
         )
+    in_box = ms.get("in_box") or {}
+    if in_box.get("allowed"):
+        for key, fix in (("command", "give the argv the box runs, e.g. [/usr/bin/shutdown]"),
+                         ("self_id", "say how the box knows its own instance id: self_id: {env: NAME}")):
+            if not in_box.get(key):
+                errors.append(ProfileError(f"meter_stop.in_box.{key}", f"an allowed in-box stop needs {key}", fix,
+                                           source))
+        if not ms.get("reversible"):
+            errors.append(ProfileError("meter_stop.in_box.allowed", "an in-box stop is allowed only for a reversible "
+                                       "verb that keeps the data: nothing irreversible is done from the box",
+                                       "set allowed: false with a reason", source))
+    elif in_box and not in_box.get("reason"):
+        errors.append(ProfileError("meter_stop.in_box.reason", "a refused in-box stop needs its reason",
+                                   "say why the box must not stop its own meter", source))
     clocks = data.get("danger_clocks") or []
     for i, clock in enumerate(ms.get("starts_clocks") or []):
         if clock not in clocks:

@@ -435,7 +435,33 @@ def reconcile(facts):
     """
     doc = _reconcile(facts)
     doc = with_queue(doc, facts.get("queue"))
-    return with_slurm(doc, facts.get("slurm"), facts.get("job"))
+    doc = with_slurm(doc, facts.get("slurm"), facts.get("job"))
+    return with_budget_hold(doc, facts.get("queue"))
+
+
+# what a cell held by its sweep's budget would otherwise show: nothing of it runs, and nothing will start it
+HELD_STATES = ("not_started", "preempted", "dead")
+BUDGET_HELD = "budget_held"  # a status document's stop_reason: its sweep's budget marker holds the cell
+
+
+def with_budget_hold(doc, queue):
+    """A sweep cell that does not run while its sweep is held at its budget (rgt_runlayout.budget_held: watch at
+    100% of the sweep's budget_usd) is `budget_stopped` with stop_reason budget_held: its queue (or a launch) will
+    not start it, and only `rgt-run retry` with a higher budget_usd does. doc unchanged otherwise (a cell still
+    queued in Slurm stays queued: its pending task was not cancelled yet)."""
+    held = (queue or {}).get("held")
+    if held is None or doc["state"] not in HELD_STATES:
+        return doc
+    doc["state"] = "budget_stopped"
+    doc["stop_reason"] = BUDGET_HELD
+    spent = held.get("spent_usd")
+    of = held.get("budget_usd")
+    money = " ($%.2f of $%.2f)" % (spent, of) if isinstance(spent, (int, float)) and isinstance(of, (int, float)) \
+        else ""
+    doc["queue_reason"] = ("%s: the budget of sweep %s is spent%s: its queue starts no more cells; `rgt-run retry %s` "
+                           "with a higher rgt_job.budget_usd resumes them" % (BUDGET_HELD, queue.get("sweep"), money,
+                                                                              queue.get("sweep")))
+    return doc
 
 
 def with_queue(doc, queue):

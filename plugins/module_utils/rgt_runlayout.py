@@ -238,6 +238,7 @@ class RunPaths(object):
         self.preempt = os.path.join(self.meta, "PREEMPT")
         self.budget_stop = os.path.join(self.meta, "BUDGET_STOP")  # beside PREEMPT: the stop is the budget's
         self.uploads = os.path.join(self.meta, "uploads.jsonl")
+        self.inbox_stop = os.path.join(self.meta, "inbox_stop.json")  # what the box did of its own meter (rgt_inbox)
         self.export_dir = os.path.join(self.project_dir, "export")
         self.partial_dir = os.path.join(self.export_dir, ".partial")
         self.quarantine_dir = os.path.join(self.project_dir, "quarantine")
@@ -510,6 +511,49 @@ def last_attempt(records, before=0):
     return max(numbers + [int(before or 0)])
 
 
+# A sweep held at its budget (rgt.budget: watch at 100% of a sweep's budget_usd): <sweep_dir>/.rgt/BUDGET_STOP, the
+# budget marker, written atomically before the sweep's running cells are asked to stop. The sweep's queue starts no
+# cell while it is there (rgt_queue), nor does a launch (rgt_launchsweep.budget_hold); status shows the cells it
+# holds budget_stopped (rgt_reconcile.with_budget_hold). `rgt-run retry` with a higher budget_usd removes it.
+SWEEP_BUDGET_STOP = "BUDGET_STOP"
+
+
+def sweep_hold_path(sweep_dir):
+    return os.path.join(sweep_dir, ".rgt", SWEEP_BUDGET_STOP)
+
+
+def budget_held(sweep_dir):
+    """The budget marker holding this sweep (a dict; {} when unreadable), or None when the sweep is not held."""
+    path = sweep_hold_path(sweep_dir)
+    if not os.path.lexists(path):
+        return None
+    doc = read_json(path)
+    return doc if isinstance(doc, dict) else {}
+
+
+def hold_sweep(sweep_dir, marker):
+    """Hold a sweep at its budget: the marker, atomically, in <sweep_dir>/.rgt. False when the sweep has no
+    directory on this box (nothing of it was laid out here)."""
+    if not os.path.isdir(sweep_dir):
+        return False
+    meta = os.path.join(sweep_dir, ".rgt")
+    if not os.path.isdir(meta):
+        os.makedirs(meta)
+    atomic_write_json(sweep_hold_path(sweep_dir), marker)
+    return True
+
+
+def release_sweep(sweep_dir):
+    """Remove the sweep's budget marker (a retry with a higher budget); True when there was one."""
+    try:
+        os.unlink(sweep_hold_path(sweep_dir))
+        return True
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+        return False
+
+
 def may_start(state, retry=False):
     """Whether a run that is not live, in `state` (last_state's word), starts now: never ran, preempted or dead
     always (rgt_states.STARTABLE); failed, killed or budget_stopped only on a retry, the user's word
@@ -617,8 +661,8 @@ def sweep_queue(paths):
     """A sweep cell's queue as the box shows it: {sweep, sweep_dir, alive (the queue holds its flock), pending
     (cells it will still start), running, tried (a queue wrote this cell's .rgt/slot.json: it started the cell's
     wrapper at least once), ended (a queue that is not running: how it ended, from queue-state.json: "done",
-    "signal <n>", or null when it left no word, e.g. killed or the box restarted)}, or None for a run that is no
-    sweep cell (no .rgt/sweep.json)."""
+    "signal <n>", or null when it left no word, e.g. killed or the box restarted), held (the budget marker holding
+    the sweep, budget_held, or None)}, or None for a run that is no sweep cell (no .rgt/sweep.json)."""
     marker = read_json(os.path.join(paths.meta, "sweep.json"))
     if not isinstance(marker, dict) or not marker.get("sweep_dir"):
         return None
@@ -632,7 +676,8 @@ def sweep_queue(paths):
         seen = {}
     return {"sweep": marker.get("sweep"), "sweep_dir": marker["sweep_dir"], "alive": alive,
             "pending": list(seen.get("pending") or []), "running": list(seen.get("running") or []),
-            "tried": os.path.exists(os.path.join(paths.meta, "slot.json")), "ended": ended}
+            "tried": os.path.exists(os.path.join(paths.meta, "slot.json")), "ended": ended,
+            "held": budget_held(marker["sweep_dir"])}
 
 
 def will_start(queue, run_id):

@@ -227,6 +227,30 @@ def cancel_jobs(jobs, timeout_s, interval_s, look_tries=5, look_delay_s=3.0, run
             "msg": "; ".join(o["msg"] for o in outcomes)}
 
 
+def cancel_pending(meta_dirs, run=run_argv):
+    """A sweep held at its budget (rgt.budget): scancel the recorded job (.rgt/slurm.json: a cell's array task
+    <array id>_<i>) of each run whose job Slurm still holds pending, so none of them starts; a running task is left
+    to the stop its wrapper was sent (RGT_PREEMPT_FILE). Runs without a record are skipped (nothing is asked of
+    Slurm). Returns {"cancelled": [job id, ...], "errors": ["<job id>: why", ...]}."""
+    cancelled, errors = [], []
+    for meta in meta_dirs:
+        job_id = (read_record(meta) or {}).get("job_id")
+        if not job_id:
+            continue
+        seen = show_job(job_id, run=run)
+        if seen["known"] is None:
+            errors.append("%s: %s" % (job_id, seen["error"]))
+            continue
+        if not seen["known"] or seen["view"]["state"] not in PENDING:
+            continue
+        rc, out, err = run(["scancel", str(job_id)])
+        if rc == 0:
+            cancelled.append(str(job_id))
+        else:
+            errors.append("%s: scancel rc %s: %s" % (job_id, rc, (err or out).strip()[:200]))
+    return {"cancelled": cancelled, "errors": errors}
+
+
 # ---------------------------------------------------------------- a run's job (launch, status)
 
 def record_path(meta_dir):

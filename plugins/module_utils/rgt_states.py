@@ -71,8 +71,9 @@ RUN_STATES = (
              "the run's spend reached rgt_job.budget_usd: watch asked it to checkpoint and stop (RGT_PREEMPT_FILE "
              "with the budget marker) and it stopped. Only `rgt-run retry` with a higher budget_usd starts it "
              "again (from its newest checkpoint); train and watch never do",
-             "the box (rgt_reconcile: the wrapper's end reason budget_stopped); watch's stop (rgt.budget)",
-             "yellow", "warning", "failed", "budget_stopped"),
+             "the box (rgt_reconcile: the wrapper's end reason budget_stopped; a sweep cell its sweep's budget "
+             "marker holds, stop_reason budget_held: with_budget_hold); watch's stop (rgt.budget)",
+             "yellow", "warning", "budget_stopped", "budget_stopped"),
     RunState("dead",
              "the wrapper vanished without an exit record under the same boot (SIGKILL, the OOM killer took the "
              "wrapper); under Slurm CANCELLED, or ended without an exit record and exit 0. `rgt-run train` resumes "
@@ -318,8 +319,11 @@ CELL_STATES_TABLE = (  # in the order the tally line counts them
     CellState("finished", "its run finished (`n/N finished`; the sweep is done when every cell is)", False, False),
     CellState("running", "its run is running or stalled", False, False),
     CellState("queued", "its run waits for a slot or for the scheduler", False, False),
-    CellState("failed", "its run failed, timed out, ran out of memory, was stopped at its budget, or its host gave "
-              "no document (error): `rgt-run retry` starts it again",
+    CellState("failed", "its run failed, timed out, ran out of memory, or its host gave no document (error): "
+              "`rgt-run retry` starts it again",
+              named=True, bad=True),
+    CellState("budget_stopped", "its run was stopped at the sweep's budget, or its sweep's budget holds it before "
+              "it started (budget_held): `rgt-run retry SWEEP` with a higher budget_usd resumes it",
               named=True, bad=True),
     CellState("preempted", "its run was preempted or died: train resumes it", False, False),
     CellState("missing", "seen nowhere on its host, or never started (exit 1)", named=True, bad=True),

@@ -194,6 +194,7 @@ def collect(params):
     doc["offload"], offload_attention = rgt_offload.status_of(paths.run_dir, job, newest, now)
     doc["attention"].extend(offload_attention)  # failing or behind: exit 5, the job keeps running
     doc["run_dir"] = paths.run_dir
+    doc["inbox_stop"] = rgt_runlayout.read_json(paths.inbox_stop)  # the box stopped its own meter, or why not
     doc["gpu_source"] = gpu_source
     doc["price_per_hour"] = (job or {}).get("price_per_hour")
     doc["budget_usd"] = (job or {}).get("budget_usd")

@@ -9,6 +9,9 @@ of JSON arguments on stdin (never in argv).
 - ``op: roster``: ``{"roster": <rgt_sweep.box_roster>}``, this box's roster of a sweep.
 - ``op: budget_stop``: ``{"stopped": bool}``: rgt_runlayout.request_budget_stop for one run (rgt.budget: the
   one write of the round, its budget marker and RGT_PREEMPT_FILE).
+- ``op: budget_hold``: ``{"held": bool, "cancelled": [job id], "errors": [...]}``: a sweep held at its budget on
+  this box (rgt.budget, before its running cells are stopped): rgt_runlayout.hold_sweep writes the sweep's marker,
+  then rgt_slurm.cancel_pending scancels the pending array tasks of the cells named (``cells``).
 - ``op: offload_pick``: ``{"entry": {name, path, signature, manifest [[sha256, rel]], bytes} | null, "why"}``: the
   newest complete checkpoint of one run as rgt_offload picks it (two looks agree), hashed on the box, its signature
   looked at again after hashing; with ``name``, only that entry's signature now (``offload: to: controller``,
@@ -30,6 +33,7 @@ from ansible_collections.rgt.remote_gpu.plugins.module_utils import (
     rgt_logread,
     rgt_offload,
     rgt_runlayout,
+    rgt_slurm,
     rgt_statusdoc,
     rgt_sweep,
 )
@@ -58,6 +62,17 @@ def offload_pick(params):
                       "bytes": sum(size for _rel, size, _mtime, _ino in sig)}, "why": None}
 
 
+def budget_hold(params):
+    """Hold a sweep at its budget on this box: its marker first (the queue starts nothing more), then the pending
+    Slurm tasks of its cells cancelled."""
+    root = rgt_runlayout.expand_root(params["durable_root"])
+    sweep = params["sweep"]
+    sweep_dir = rgt_runlayout.RunPaths(root, params["project"], sweep).sweep_dir(sweep)  # ValueError: a bad name
+    cells = [rgt_runlayout.RunPaths(root, params["project"], c) for c in params.get("cells") or []]
+    held = rgt_runlayout.hold_sweep(sweep_dir, params.get("marker") or {})
+    return dict(rgt_slurm.cancel_pending([c.meta for c in cells]), held=held)
+
+
 def main():
     params = json.loads(sys.stdin.readline() or "{}")
     op = params.pop("op", "status")
@@ -72,6 +87,8 @@ def main():
             paths = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
                                            params["run_id"])  # ValueError: a bad name
             doc = {"stopped": rgt_runlayout.request_budget_stop(paths, params.get("marker") or {})}
+        elif op == "budget_hold":
+            doc = budget_hold(params)
         elif op == "offload_pick":
             doc = offload_pick(params)
         else:

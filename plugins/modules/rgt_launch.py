@@ -80,6 +80,14 @@ options:
         anything is written; C(action=ship) requires the shipped binary at C(path) with C(sha256) and names it in
         job.json's C(offload.rclone).
     type: dict
+  inbox_stop:
+    description:
+      - "The copy of this instance's authorisation that lets the box stop its own meter (C(rgt-run train --down)
+        with C(rgt_job.offload.stop_box)): C(authorisation) (as the ledger keeps it, with its SHA-256),
+        C(command) (the profile's C(meter_stop.in_box.command)) and C(self_id_env). Written into job.json's
+        C(inbox_stop); the wrapper decides with module_utils/rgt_inbox after its export is offloaded and
+        verified."
+    type: dict
   network_env:
     description: Profile network environment (merged under the job's C(env)); a leading C(~) is expanded.
     type: dict
@@ -149,7 +157,9 @@ options:
         C(name) (the sweep, a plain name), C(cells) (C([{id, command, env, params}]), in roster order, each an
         ordinary run C(active/<id>)), C(slots) (C(CUDA_VISIBLE_DEVICES) of each slot, e.g. C(["0", "1"])),
         C(roster) (written to C(<durable_root>/<project>/sweeps/<name>/roster.json)), C(retry) (failed cells to
-        run once more), C(poll_s), C(parallel) (under sbatch the array's throttle).
+        run once more), C(poll_s), C(parallel) (under sbatch the array's throttle), C(budget_resume) (C(rgt-run
+        retry) with a higher budget - removes the sweep's budget marker C(.rgt/BUDGET_STOP) and retries its
+        budget_stopped cells; while the marker is there and this is not set, no cell is laid out or started).
       - Writes C(job.json) of each cell that may start (never ran, preempted, killed, dead; failed only when in
         C(retry)), never touching a live or finished cell, then C(.rgt/queue.json) of the sweep (a new
         generation) and starts the sweep's queue (O(queue_bundle), C(.rgt/queue.py)) under O(detach) when it is
@@ -293,7 +303,7 @@ def launch_sweep(module, root, python, inc):
 
     # 2. decide: the code, the cells that may start, the gates, the threads per cell, the primitive
     code_dir = ls.code_dir_of(module, sweep, views, result)
-    to_write = ls.to_start(views, sweep.retry)
+    to_write = ls.budget_hold(module, sweep, views, result)  # the sweep's budget marker: nothing starts while held
     secrets_file = lp.preflight(module, root, python, result, disk_gate=bool(to_write))
     omp = lp.omp_threads(p["omp_num_threads"], p["job"], array, slots=len(sweep.slots))
     detach = rgt_detach.choose(module, p["detach"], p["detach_fallback"], result)
@@ -357,6 +367,7 @@ def main():
             sweep=dict(type="dict"),
             queue_bundle=dict(type="dict"),
             rclone=dict(type="dict"),
+            inbox_stop=dict(type="dict"),
         ),
         supports_check_mode=True,
     )

@@ -116,6 +116,11 @@ status:
       description: "A run whose job spec has an offload: {to, newest: {name, step, bytes, dest, age_s} of the newest
         verified copy or null, failing: the last copy's failure or null, behind_s} (module_utils/rgt_offload,
         docs/offload.md); null otherwise."
+    inbox_stop:
+      type: dict
+      description: "What the box did of its own meter (rgt_job.offload.stop_box, module_utils/rgt_inbox): the run's
+        .rgt/inbox_stop.json {action (stop, stop_failed, refused), reason, reasons, at, instance_id, own_id,
+        authorisation, runs, command, rc}; null when it made none."
     warnings: {type: list, elements: str, description: What could not be read or looks wrong.}
     collected_at: {type: float, description: Epoch seconds on the box.}
     history:
@@ -128,6 +133,10 @@ status:
       description: "Only for a run submitted through Slurm: job_id, known, state, reason, exit_rc, exit_signal,
         restarts, time_limit, run_time, nodes, error."
     queue_reason: {type: str, description: Only for a run queued by Slurm, its reason.}
+    stop_reason:
+      type: str
+      description: "Only for a sweep cell its sweep's budget holds (state budget_stopped): budget_held (the
+        sweep's .rgt/BUDGET_STOP; rgt-run retry SWEEP with a higher budget_usd resumes it)."
     other_runs:
       type: list
       elements: dict

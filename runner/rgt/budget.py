@@ -2,11 +2,16 @@
 
 - A budget (`rgt_job.budget_usd`) is per run, or per sweep when the job has `sweep:` (every cell's spend summed).
   Spend is the cost of the run's attempts as the report computes it (rgt.runreport.run_facts `attempts_cost`:
-  price_per_hour, the box's price, x the wall time of the attempts). Watch notifies at 50, 80 and 100% of it, once
-  each (the kind `budget` of a notify rule, and a line of watch's output); at 100% it asks every live run of the
-  budget to checkpoint and stop: the budget marker and RGT_PREEMPT_FILE on the box, in one call of the status
-  round (op budget_stop: rgt_runlayout.request_budget_stop). The wrapper ends that attempt `budget_stopped`; only
-  `rgt-run retry` with a higher budget_usd starts it again (check_retry), from its newest checkpoint.
+  price_per_hour, the box's price, x the wall time of the attempts); the box's price is the platform's own where
+  its API says it (rgt.prices: RunPod, vast.ai), else the configured one (`source`: platform | inventory).
+  Watch notifies at 50, 80 and 100% of it, once each (the kind `budget` of a notify rule, and a line of watch's
+  output); at 100% it asks every live run of the budget to checkpoint and stop: the budget marker and
+  RGT_PREEMPT_FILE on the box, in one call of the status round (op budget_stop: rgt_runlayout.request_budget_stop).
+  A sweep is held first on each of its boxes (op budget_hold: <sweep_dir>/.rgt/BUDGET_STOP, so its queue starts no
+  cell into a freed slot, and its pending Slurm array tasks are scancelled); the cells it holds show
+  budget_stopped (stop_reason budget_held). The wrapper ends that attempt `budget_stopped`; only `rgt-run retry`
+  with a higher budget_usd starts it again (check_retry), from its newest checkpoint; `rgt-run retry SWEEP` lifts
+  a sweep's hold on every box.
 - An idle meter is a box with no live run, every run on it pulled and verified, and no valid authorisation of its
   meter stop (rgt.unattended.authorises): it bills for nothing. Watch says so with its cost so far (price x time
   since its last run ended: runreport's `idle_cost` rule), then again every IDLE_EVERY_S.
@@ -26,6 +31,7 @@ from rich.console import Console
 
 from rgt import engines, errors, paths, runreport, sshround, unattended
 from rgt.ledger import atomic_write_json, read_json, runs_dir
+from rgt.prices import INVENTORY, PLATFORM, Prices
 from rgt.runs import pull_state
 from rgt.safetext import printable
 
@@ -70,9 +76,12 @@ def crossed(pct: float, done: list) -> list[int]:
     return [t for t in THRESHOLDS if pct >= t and t not in done]
 
 
-def tally(runs: list[dict], now: float | None = None) -> dict[str, dict]:
-    """{budget key: {budget_usd, spent_usd, pct, scope, runs}} of every run with a budget (a sweep: the sum of its
-    cells' spend, the budget of its cells)."""
+def tally(runs: list[dict], now: float | None = None, prices: dict[str, float] | None = None) -> dict[str, dict]:
+    """{budget key: {budget_usd, spent_usd, pct, scope, source, runs}} of every run with a budget (a sweep: the sum
+    of its cells' spend, the budget of its cells). `prices`: {host: the platform's price} (rgt.prices), used
+    instead of a run's configured price_per_hour; `source` is platform when every priced run's price is the
+    platform's, else inventory."""
+    prices = prices or {}
     out: dict[str, dict] = {}
     for doc in runs:
         budget = budget_of(doc)
@@ -80,24 +89,27 @@ def tally(runs: list[dict], now: float | None = None) -> dict[str, dict]:
             continue
         key = key_of(doc)
         entry = out.setdefault(key, {"budget_usd": budget, "spent_usd": 0.0, "priced": False,
-                                     "scope": key.split(":", 1)[0], "runs": []})
+                                     "scope": key.split(":", 1)[0], "sources": set(), "runs": []})
         entry["budget_usd"] = max(entry["budget_usd"], budget)  # cells of one sweep launched with one job
-        cost = spend(doc, now)
+        price = prices.get(str(doc.get("host")))
+        cost = spend({**doc, "price_per_hour": price} if price is not None else doc, now)
         if cost is not None:
             entry["spent_usd"] = round(entry["spent_usd"] + cost, 4)
             entry["priced"] = True
+            entry["sources"].add(PLATFORM if price is not None else INVENTORY)
         entry["runs"].append(doc)
     for entry in out.values():
         entry["pct"] = round(100.0 * entry["spent_usd"] / entry["budget_usd"], 1)
+        entry["source"] = PLATFORM if entry.pop("sources") == {PLATFORM} else INVENTORY
     return {k: v for k, v in out.items() if v["priced"]}
 
 
-def annotate(runs: list[dict], now: float | None = None) -> dict[str, dict]:
-    """Give each run with a budget its `budget` field ({budget_usd, spent_usd, pct, scope}: status's column and
-    --json); returns the tally."""
-    tallied = tally(runs, now)
+def annotate(runs: list[dict], now: float | None = None, prices: dict[str, float] | None = None) -> dict[str, dict]:
+    """Give each run with a budget its `budget` field ({budget_usd, spent_usd, pct, scope, source}: status's
+    column and --json); returns the tally."""
+    tallied = tally(runs, now, prices)
     for entry in tallied.values():
-        view = {k: entry[k] for k in ("budget_usd", "spent_usd", "pct", "scope")}
+        view = {k: entry[k] for k in ("budget_usd", "spent_usd", "pct", "scope", "source")}
         for doc in entry["runs"]:
             doc["budget"] = view
     return tallied
@@ -110,6 +122,14 @@ def column(doc: dict) -> str:
         return "-"
     scope = " sweep" if b.get("scope") == "sweep" else ""
     return f"${b['spent_usd']:.2f}/${b['budget_usd']:.2f}{scope} ({b['pct']:.0f}%)"
+
+
+def platform_prices(runs: list[dict], prices: Prices) -> dict[str, float]:
+    """{host: the platform's price} for the hosts of the runs with a budget (rgt.prices: asked when due, cached in
+    <ledger>/prices.json; a host without one counts at its configured price)."""
+    names = sorted({str(r.get("host")) for r in runs if budget_of(r) is not None})
+    prices.refresh(names)
+    return {name: price for name in names if (price := prices.of(name)) is not None}
 
 
 # ---------------------------------------------------------------- retry
@@ -127,6 +147,12 @@ def check_retry(ledger: Path, host: str, run_id: str, job: dict | None, sweep: s
         raise errors.GateRefused(
             f"{what} was stopped at its budget: it spent ${spent:.2f} and rgt_job.budget_usd is ${budget:.2f}; "
             f"retry it with a higher budget (rgt_job.budget_usd above {spent:.2f}, e.g. -e @job.yml)")
+
+
+def stopped(ledger: Path, sweep: str) -> bool:
+    """Did watch stop (and hold) this sweep at its budget (`<ledger>/budget.json`)?"""
+    record = _load(ledger)["budgets"].get(f"sweep:{sweep}")
+    return isinstance(record, dict) and bool(record.get("stopped"))
 
 
 # ---------------------------------------------------------------- the watcher's pass
@@ -150,12 +176,13 @@ class Watcher:
     """One per watch: `tick(latest)` after each status tick (rgt.status.cmd_watch)."""
 
     def __init__(self, args, console: Console, ledger: Path, hosts: list, extravars: dict, notifier=None,
-                 clock=time.time):
+                 clock=time.time, prices: Prices | None = None):
         self.args, self.console, self.ledger = args, console, ledger
         self.hosts = {h.name: h for h in hosts}
         self.extravars = extravars
         self.notifier = notifier
         self.clock = clock
+        self.prices = prices or Prices(ledger, hosts, console, clock=clock)
 
     def tick(self, latest: dict[str, dict]) -> None:
         """Notify the thresholds reached, stop what is over budget, say the idle meters; never raises."""
@@ -170,7 +197,7 @@ class Watcher:
         now = self.clock()
         runs = [r for doc in latest.values() for r in (doc, *(doc.get("other_runs") or [])) if isinstance(r, dict)]
         changed = False
-        for key, entry in sorted(annotate(runs, now).items()):
+        for key, entry in sorted(annotate(runs, now, platform_prices(runs, self.prices)).items()):
             changed |= self._budget(state, key, entry, now)
         for name, doc in sorted(latest.items()):
             changed |= self._idle(state, name, doc, now)
@@ -188,12 +215,14 @@ class Watcher:
         for threshold in crossed(entry["pct"], record["notified"]):
             record["notified"].append(threshold)
             detail = (f"{what}: ${entry['spent_usd']:.2f} of its ${entry['budget_usd']:.2f} budget "
-                      f"({entry['pct']:.0f}%, threshold {threshold}%)"
+                      f"({entry['pct']:.0f}%, threshold {threshold}%; {entry['source']} price)"
                       + ("; asking it to checkpoint and stop" if threshold == 100 else ""))
             self.console.print(printable(f"budget {threshold}%: {detail}"), highlight=False, markup=False)
             view = entry["runs"][0]
             self._notify(view.get("host"), f"budget:{key}:{entry['budget_usd']}:{threshold}", view, detail)
         if entry["pct"] >= 100:
+            if entry["scope"] == "sweep":  # first the hold, so that no queue starts a cell into a freed slot
+                self._hold_sweep(record, key.split(":", 1)[1], entry, now)
             for doc in entry["runs"]:
                 if doc.get("state") in _states.ACTIVE:
                     stop_key = f"{doc.get('host')}:{doc.get('run_id')}:{doc.get('attempt')}"
@@ -205,6 +234,65 @@ class Watcher:
         if any(d.get("state") == "budget_stopped" for d in entry["runs"]):
             record["stopped"] = True
         return True
+
+    def _hold_sweep(self, record: dict, sweep: str, entry: dict, now: float) -> None:
+        """Hold the sweep on each of its hosts not held yet (`record["holds"]`): its budget marker
+        (<sweep_dir>/.rgt/BUDGET_STOP, the queue starts no cell while it is there) and its pending Slurm tasks
+        cancelled, in one call of the status round (op budget_hold)."""
+        holds = record.setdefault("holds", {})
+        cells: dict[str, list[str]] = {}
+        for doc in entry["runs"]:
+            cells.setdefault(str(doc.get("host")), []).append(str(doc.get("run_id")))
+        for name, ids in sorted(cells.items()):
+            if name in holds:
+                continue
+            held = self._hold(name, sweep, sorted(ids), entry)
+            if held is not False:  # held, or cannot be from here (said once)
+                holds[name] = now
+                record["stopped"] = record["stopped"] or bool(held)
+
+    def _hold(self, name: str, sweep: str, cells: list[str], entry: dict) -> bool | None:
+        """One host's hold (op budget_hold): True held, False not this time (tried again next tick), None cannot
+        be from here (no SSH round to its box)."""
+        host = self.hosts.get(name)
+        label = printable(f"{name}:{sweep}")
+        if (host is None or not engines.engine_of(host.profile).over_ssh
+                or not sshround.can_round(self.args.inventory, host, self.extravars)):
+            self.console.print(f"budget: cannot hold sweep {label} from here (no SSH round to its box): its queue "
+                               "may start more cells; stop them by hand", highlight=False, markup=False)
+            return None
+        params = sshround.status_params(host)
+        marker = {"reason": "budget", "sweep": sweep, "spent_usd": entry["spent_usd"],
+                  "budget_usd": entry["budget_usd"], "scope": "sweep",
+                  "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        request = {"op": "budget_hold", "durable_root": params["durable_root"], "project": params["project"],
+                   "sweep": sweep, "cells": cells, "marker": marker}
+        doc = self._round(host, request)
+        if not doc.get("held"):
+            self.console.print(printable(f"budget: could not hold sweep {label} ({doc.get('msg') or doc.get('why')}); "
+                                         "trying again next tick"), highlight=False, markup=False)
+            return False
+        cancelled = doc.get("cancelled") or []
+        self.console.print(printable(f"budget: held sweep {label}: its queue starts no more cells"
+                                     + (f"; cancelled pending Slurm task(s) {', '.join(cancelled)}" if cancelled
+                                        else "")), highlight=False, markup=False)
+        for error in doc.get("errors") or []:
+            self.console.print(printable(f"budget: sweep {label}: could not cancel {error}"), highlight=False,
+                               markup=False)
+        return True
+
+    def _round(self, host, request: dict) -> dict:
+        """One call of the status round with `request`: its answer's last line as a dict ({"why": ...} when
+        there is none)."""
+        answer = sshround.run_cached(sshround.target_for(self.args.inventory, host, self.extravars),
+                                     (json.dumps(request) + "\n").encode())
+        try:
+            doc = json.loads(answer.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError, AttributeError):
+            doc = None
+        if not isinstance(doc, dict):
+            return {"why": f"rc {answer.rc}: {sshround.first_line(answer.stderr)}"}
+        return doc
 
     def _stop(self, doc: dict, entry: dict) -> bool | None:
         """The budget marker and RGT_PREEMPT_FILE on the run's box (the status round's op budget_stop): True

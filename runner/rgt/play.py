@@ -29,7 +29,14 @@ def cmd_playbook(args: argparse.Namespace, console: Console) -> int:
     groups = engines.split(hosts) or [(engines.DEFAULT, [])]
     planned = [engine.plan(playbook.stem, mine) for engine, mine in groups]
     ledger = ledger_dir(args.ledger)
-    down = unattended.authorise_at_launch(args, hosts, ledger, console) if playbook.stem == "train" else None
+    down = inbox = None
+    if playbook.stem == "train":
+        asked = bool(getattr(args, "down", False) or getattr(args, "down_confirm", None))
+        unattended.inbox_at_launch(ledger, hosts, None, down=asked)  # offload.stop_box refused before the prompt
+        down = unattended.authorise_at_launch(args, hosts, ledger, console)
+        inbox = unattended.inbox_at_launch(ledger, hosts, down)
+    if inbox:  # the box's copy of its authorisation, written into job.json (roles/launch_detached)
+        extravars = {**extravars, "rgt_inbox_stop": inbox}
     if not smoke_only:
         report.first_contact(console, ledger, hosts)
     console.print(f"[bold]rgt[/bold] {playbook.name} on {len(hosts)} host(s): "

@@ -226,6 +226,13 @@ def render_show(console: Console, profile: dict) -> None:
     for item in ms["keeps_billing"]:
         console.print(f"  $ {escape(item)}")
     console.print(f"[bold]Check afterwards:[/bold] {escape(ms['post_check'])}")
+    in_box = ms.get("in_box") or {}
+    if in_box.get("allowed"):
+        console.print(escape(f"  from the box itself (rgt_job.offload.stop_box): {' '.join(in_box['command'])}, "
+                             f"its own id from ${in_box['self_id']['env']}"))
+    else:
+        console.print(escape("  never from the box itself: " + (in_box.get("reason") or "the profile does not say "
+                                                                 "an in-box stop is safe")))
 
     spot = p["spot"]
     grace = f"{spot['grace_s']} s" if spot["grace_s"] is not None else "n/a"

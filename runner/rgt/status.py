@@ -47,10 +47,12 @@ from rgt import (
 from rgt.engines import poll, split
 from rgt.ledger import append_jsonl, ledger_dir, runs_dir
 from rgt.prepare import prepare_hosts
+from rgt.prices import Prices
 from rgt.safetext import printable
 
 _states = paths.module_util("rgt_states")  # the run states, their groups and styles, one home
 _offload = paths.module_util("rgt_offload")  # the newest verified offload of a run, in words
+_inbox = paths.module_util("rgt_inbox")  # what the box did of its own meter (offload.stop_box), in words
 BACKOFF_CAP_S = 600
 DEFAULT_INTERVAL_S = 90
 DEFAULT_MAX_TICKS = 120
@@ -168,6 +170,8 @@ def render_table(console: Console, docs: dict[str, dict]) -> None:
                           f"{escape(printable(doc['error']))}")
         if doc.get("offload"):
             console.print(f"  {name}: {escape(printable(_offload.describe(doc['offload'])))}")
+        if _inbox.describe(doc.get("inbox_stop")):
+            console.print(f"  {name}: {escape(printable(_inbox.describe(doc['inbox_stop'])))}")
         for warning in doc.get("warnings") or []:
             console.print(f"  [yellow]warning[/yellow] {name}: {escape(printable(warning))}")
 
@@ -182,6 +186,8 @@ def tick_line(name: str, doc: dict, now: float, note: str = "") -> str:
         parts.append(f"attention={attention}")
     if doc.get("offload"):
         parts.append(_offload.short(doc["offload"]))
+    if isinstance(doc.get("inbox_stop"), dict) and doc["inbox_stop"].get("action"):
+        parts.append(f"box_stop={doc['inbox_stop']['action']}")
     if note:
         parts.append(note)
     return printable(" ".join(parts))  # box text (state, loss, attention ids): no controls, one line
@@ -194,7 +200,8 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     ledger = ledger_dir(args.ledger)
     hosts = move.left_behind(console, ledger, hosts)  # a host whose runs all moved away (rgt.move): one line
     docs = poll(args, console, hosts, extravars, ledger)
-    budget.annotate(every_run(docs))  # spend/budget of each run with rgt_job.budget_usd (its column, --json)
+    runs = every_run(docs)  # spend/budget of each run with rgt_job.budget_usd (its column, --json), at the
+    budget.annotate(runs, prices=budget.platform_prices(runs, Prices(ledger, hosts, console)))  # platform's price
     offload.annotate(docs, runs_dir(getattr(args, "runs_dir", None)))  # offload.to: controller: the local copies
     out = output.results(args.json)  # the table is the result: stdout (stderr under --json)
     render_table(out, docs)

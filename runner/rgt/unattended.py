@@ -19,13 +19,18 @@ box now. The stop is on record before it is called (teardown's ledger record): a
 started again finds it in flight and polls it, never calls again. The end is a receipt,
 `<ledger>/authorisations/<instance>.receipt.json`, re-listing what still bills. Anything else is a refusal: said
 once (and notified once, rgt.notify), reminded every REMIND_S while it lasts, the meter left running.
+
+The box stops its own meter (`rgt_job.offload.stop_box`, `inbox_at_launch`; docs/unattended.md "The box stops its
+own meter"): the same authorisation, `in_box: true`, goes into each run's job.json, and the box's wrapper decides
+with module_utils/rgt_inbox after its export is offloaded and verified. The watcher leaves the box to decide
+(`_box_may_still_stop`, at most INBOX_WAIT_S), and a stop the box made (its record, seen by status) becomes the
+teardown record's stop in flight: polled to a receipt (`by: the box itself`), never called.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import re
 import sys
 import time
@@ -48,7 +53,10 @@ DEFAULT_EXPIRES = "7d"
 REMIND_S = 6 * 3600  # a refusal that lasts is said again this often (and notified again)
 RETRY_S = 600  # a watcher looks again at an instance it refused to stop this often (a new watcher at once)
 _tried: dict[str, float] = {}  # instance id -> when this process last refused it (time.monotonic)
+INBOX_WAIT_S = 900  # an in-box stop: how long the watcher leaves the box to decide after its runs ended
+_ended_at: dict[str, float] = {}  # instance id -> when this process first saw its runs ended (time.monotonic)
 _states = paths.module_util("rgt_states")
+_inbox = paths.module_util("rgt_inbox")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -80,14 +88,19 @@ def receipt_path(ledger: Path, instance_id: str) -> Path:
     return ledger / DIR / f"{_name(instance_id)}.receipt.json"
 
 
+def _box_path(ledger: Path, instance_id: str) -> Path:
+    """The record of the box that stopped its own meter, as the watcher saw it (module_utils/rgt_inbox)."""
+    return ledger / DIR / f"{_name(instance_id)}.box.json"
+
+
 def _state_path(ledger: Path, instance_id: str) -> Path:
     return ledger / DIR / f"{_name(instance_id)}.watch.json"
 
 
 def digest(doc: dict) -> str:
-    """The SHA-256 over an authorisation's content (every field but `sha256`, canonical JSON)."""
-    body = {k: v for k, v in doc.items() if k != "sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The SHA-256 over an authorisation's content (every field but `sha256`, canonical JSON): the box's rule
+    (module_utils/rgt_inbox.digest), so the copy the box carries checks the same way."""
+    return _inbox.digest(doc)
 
 
 def parse_expiry(text: str) -> int:
@@ -198,30 +211,91 @@ def authorise_at_launch(args: argparse.Namespace, hosts: list, ledger: Path, con
     return {p["instance_id"]: {**p, "expires_s": expires_s} for p in plans if p["instance_id"] in confirmed}
 
 
+def _stop_box(host) -> bool:
+    job = host.vars.get("rgt_job") if isinstance(host.vars.get("rgt_job"), dict) else {}
+    return isinstance(job.get("offload"), dict) and job["offload"].get("stop_box") is True
+
+
+def build_doc(ledger: Path, hosts: list, iid: str, item: dict, now: float, in_box: bool = False) -> dict:
+    """The authorisation `record_launch` keeps for an instance (and the box's copy, with in_box), merging the runs
+    of an earlier intact one of the same instance."""
+    mine = [h for h in hosts if h.instance_id == iid]
+    runs = [r for h in mine for r in _host_runs(h)]
+    old = read_json(auth_path(ledger, iid))
+    if problem(old, iid, now) is None:
+        seen = {(r["project"], r["run_id"]) for r in runs}
+        runs = [r for r in old["runs"] if (r["project"], r["run_id"]) not in seen] + runs
+    expires = now + item["expires_s"]
+    doc = {"schema": SCHEMA, "instance_id": iid, "hosts": sorted(h.name for h in mine),
+           "profile": item["profile"], "verb": item["verb"], "label": item["label"], "runs": runs,
+           "created_at": _iso(now), "created_ts": now, "expires_at": _iso(expires), "expires_ts": expires,
+           "in_box": bool(in_box)}
+    doc["sha256"] = digest(doc)
+    return doc
+
+
+def inbox_at_launch(ledger: Path, hosts: list, pending: dict | None, down: bool = True) -> dict | None:
+    """`rgt_job.offload.stop_box` (docs/unattended.md "The box stops its own meter"), before any box is touched:
+    refused (exit 2, nothing launched) without `train --down` naming the instance, without an offload to an rclone
+    remote, or on a profile that does not allow an in-box stop (`meter_stop.in_box`). Returns what goes onto each
+    box ({instance id: {authorisation, command, self_id_env}}: the extra var `rgt_inbox_stop`, written into
+    job.json by the launch), or None when no host asks; the authorisation is the one `record_launch` then keeps.
+    Called first with `pending` None (before --down's prompt, so no id is typed for a launch refused anyway):
+    `down` says whether --down was given."""
+    asking = [h for h in hosts if _stop_box(h)]
+    if not asking:
+        return None
+    field = "rgt_job.offload.stop_box"
+    now = time.time()
+    out: dict[str, dict] = {}
+    for host in asking:
+        iid = str(host.instance_id)
+        in_box = (host.profile.get("meter_stop") or {}).get("in_box") or {}
+        name = host.profile.get("name")
+        if not in_box.get("allowed"):
+            why = in_box.get("reason") or "the profile does not say an in-box stop is safe (no meter_stop.in_box)"
+            raise InputError(f"{field}: profile {name} (host {host.name}) refuses a meter stop from the box itself: "
+                             f"{why}; nothing was launched", field=field,
+                             fix="drop offload.stop_box: with train --down the watcher stops the meter after the "
+                                 "verified pull")
+        if not _offload(host):
+            raise InputError(f"{field} needs an offload to an rclone remote (offload.to: remote:bucket/prefix): the "
+                             f"box stops its meter only after its own export is offloaded and verified; nothing was "
+                             "launched", field=field, fix="name an rclone remote in offload.to, or drop stop_box")
+        if down and pending is None:
+            continue  # the check before --down's prompt: the ids come next
+        if not pending or iid not in pending:
+            raise InputError(f"{field} needs rgt-run train --down naming this instance ({iid}): the box stops its "
+                             "own meter only with an authorisation made at launch; nothing was launched",
+                             field=field, fix=f"rgt-run train ... --down --down-confirm {iid}, or drop stop_box")
+        item = pending[iid]
+        if "doc" not in item:
+            item["doc"] = build_doc(ledger, hosts, iid, item, now, in_box=True)
+        out[iid] = {"authorisation": item["doc"], "command": list(in_box["command"]),
+                    "self_id_env": in_box["self_id"]["env"]}
+    return out or None
+
+
 def record_launch(ledger: Path, hosts: list, pending: dict | None, code: int, console: Console) -> None:
     """After the launch: keep each confirmed instance's authorisation (only when the launch went well), merging
-    the runs of an earlier intact one of the same instance."""
+    the runs of an earlier intact one of the same instance: the very document a box that stops its own meter
+    carries (inbox_at_launch), else one made now."""
     if not pending:
         return
     if code != errors.OK:
-        console.print("[yellow]--down[/yellow]: the launch did not go well; no meter stop is authorised")
+        console.print("[yellow]--down[/yellow]: the launch did not go well; no meter stop is authorised"
+                      + (" (a box that started its run carries its copy and may still stop its own meter once "
+                         "its export is offloaded and verified)" if any("doc" in i for i in pending.values())
+                         else ""))
         return
     now = time.time()
     for iid, item in pending.items():
-        mine = [h for h in hosts if h.instance_id == iid]
-        runs = [r for h in mine for r in _host_runs(h)]
-        old = read_json(auth_path(ledger, iid))
-        if problem(old, iid, now) is None:
-            seen = {(r["project"], r["run_id"]) for r in runs}
-            runs = [r for r in old["runs"] if (r["project"], r["run_id"]) not in seen] + runs
-        expires = now + item["expires_s"]
-        doc = {"schema": SCHEMA, "instance_id": iid, "hosts": sorted(h.name for h in mine),
-               "profile": item["profile"], "verb": item["verb"], "label": item["label"], "runs": runs,
-               "created_at": _iso(now), "created_ts": now, "expires_at": _iso(expires), "expires_ts": expires}
-        doc["sha256"] = digest(doc)
+        doc = item.get("doc") or build_doc(ledger, hosts, iid, item, now)
+        runs = doc["runs"]
         atomic_write_json(auth_path(ledger, iid), doc)
         receipt_path(ledger, iid).unlink(missing_ok=True)  # a new launch on the box: a new stop to carry out
         _state_path(ledger, iid).unlink(missing_ok=True)
+        _box_path(ledger, iid).unlink(missing_ok=True)
         console.print(f"[green]authorised[/green]: the {escape(str(item['label']))} of {escape(iid)} once "
                       f"{', '.join(escape(r['project'] + '/' + r['run_id']) for r in runs)} are pulled and verified "
                       f"(until {doc['expires_at']}; ledger {escape(str(auth_path(ledger, iid)))})")
@@ -261,7 +335,12 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         # a stop on record (this watcher, or an earlier one, was stopped mid-stop; the box may be gone) is polled
         # to its end at once; otherwise the runs on the box must all have ended first
         on_record = _stop_on_record(ledger, iid, names)
+        if not on_record and _box_stop_seen(console, ledger, iid, names, latest, mine):
+            on_record = True  # the box stopped its own meter: the same stop in flight, polled here, never called
         if not on_record and not _ended(latest, names):
+            _ended_at.pop(iid, None)
+            continue
+        if not on_record and _box_may_still_stop(ledger, iid, names, latest):
             continue
         if not on_record and iid in _tried and time.monotonic() - _tried[iid] < RETRY_S:
             continue
@@ -272,6 +351,53 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         except Exception as exc:  # noqa: BLE001 - the meter stays running; the watch goes on and says why
             _refuse(console, ledger, iid, [f"the authorised stop could not be carried out ({type(exc).__name__}: "
                                            f"{exc})"], notifier, names)
+
+
+def _box_records(latest: dict[str, dict], names: list[str], sha: object) -> list[dict]:
+    """The in-box stop records (<run_dir>/.rgt/inbox_stop.json, module_utils/rgt_inbox) the last status of these
+    hosts brought back, made under this authorisation (its SHA-256)."""
+    runs = [r for n in names if n in latest for r in (latest[n], *(latest[n].get("other_runs") or []))]
+    return [r["inbox_stop"] for r in runs if isinstance(r.get("inbox_stop"), dict)
+            and r["inbox_stop"].get("authorisation") == sha and r["inbox_stop"].get("action")]
+
+
+def _box_stop_seen(console: Console, ledger: Path, iid: str, names: list[str], latest: dict[str, dict],
+                   hosts: list) -> bool:
+    """Did a box of this instance stop its own meter (its record says `stop`)? Then the stop is put on the ledger's
+    teardown record as one in flight (teardown's own record: what `_stop_on_record` reads and the teardown play
+    polls, never calling again), once."""
+    doc = read_json(auth_path(ledger, iid))
+    if not isinstance(doc, dict) or not doc.get("in_box"):
+        return False
+    stops = [r for r in _box_records(latest, names, doc.get("sha256")) if r.get("action") == _inbox.STOP]
+    if not stops:
+        return False
+    box = stops[0]
+    meter = (hosts[0].profile.get("meter_stop") or {}) if hosts else {}
+    cloud = paths.module_util("rgt_cloud")
+    record = {"instance_id": iid, "verb": meter.get("verb") or doc.get("verb"),
+              "reversible": bool(meter.get("reversible")), "calls": [], "final_state": cloud.REQUESTED,
+              "keeps_billing": list(meter.get("keeps_billing") or []), "at": box.get("at"),
+              "requested_at": box.get("at"), "by": "the box itself"}
+    atomic_write_json(_box_path(ledger, iid), box)  # the teardown's own record is rewritten by the poll
+    for name in names:
+        atomic_write_json(ledger / "teardown" / f"{name}.json", record)
+    console.print(f"[bold]rgt[/bold] {escape(iid)}: {escape(printable(_inbox.describe(box) or ''))}; polling the "
+                  "platform until it reports the stop (never calling it again)")
+    return True
+
+
+def _box_may_still_stop(ledger: Path, iid: str, names: list[str], latest: dict[str, dict]) -> bool:
+    """With an in-box authorisation, the box decides first: the watcher waits (at most INBOX_WAIT_S from when it
+    saw every run ended) until the box's record says it refused (or its command failed); then it stops the meter
+    itself as ever."""
+    doc = read_json(auth_path(ledger, iid))
+    if not isinstance(doc, dict) or not doc.get("in_box") or problem(doc, iid) is not None:
+        return False
+    if any(r.get("action") != _inbox.STOP for r in _box_records(latest, names, doc.get("sha256"))):
+        return False  # the box refused (the record says why): the watcher's own stop, from here
+    first = _ended_at.setdefault(iid, time.monotonic())
+    return time.monotonic() - first < INBOX_WAIT_S
 
 
 def _stop_on_record(ledger: Path, iid: str, names: list[str]) -> bool:
@@ -363,9 +489,16 @@ def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, ou
                "calls": outcome.get("calls") or [],
                "keeps_billing": list(outcome.get("keeps_billing") or item.get("keeps_billing") or []),
                "clocks": list(item.get("clocks") or [])}
+    box = read_json(_box_path(ledger, iid))  # the box stopped its own meter; the watcher only polled the platform
+    if isinstance(box, dict) and box.get("authorisation") == doc.get("sha256"):
+        receipt.update(by="the box itself", box_record=box,
+                       runs=receipt["runs"] or [{"project": r.get("project"), "run_id": r.get("run_id"),
+                                                 "state": r.get("state"), "pull": "export offloaded to "
+                                                 + str(r.get("offload"))} for r in box.get("runs") or []])
     atomic_write_json(receipt_path(ledger, iid), receipt)
     console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} "
-                  f"(authorised at launch; receipt {escape(str(receipt_path(ledger, iid)))})")
+                  f"({'by the box itself, ' if receipt.get('by') else ''}authorised at launch; receipt "
+                  f"{escape(str(receipt_path(ledger, iid)))})")
     for line in receipt["keeps_billing"]:
         console.print(f"  [yellow]still billing:[/yellow] {escape(line)}")
     for line in receipt["clocks"]:

@@ -48,9 +48,9 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
     gateway = _gateway(rp)
     with S3Server(tmp_path / "s3", bind=gateway) as s3, S3Server(tmp_path / "ro", bind=gateway, read_only=True) as ro:
         env = {**s3.env("s3t"), **ro.env("rot")}
-        spec = job("offl", steps=600, sleep=0.1, offload={"to": "s3t:rgt/off", "every": 5, "keep": 2,
+        spec = job("offl", steps=3000, sleep=0.1, offload={"to": "s3t:rgt/off", "every": 5, "keep": 2,
                                                           "credentials": sorted(env)})
-        refused = job("offl-ro", steps=600, sleep=0.1, offload={"to": "rot:rgt/off", "every": 5, "keep": 2,
+        refused = job("offl-ro", steps=3000, sleep=0.1, offload={"to": "rot:rgt/off", "every": 5, "keep": 2,
                                                                 "credentials": sorted(env)})
         short = job("offl-end", steps=30, sleep=0.05, offload={"to": "s3t:rgt/off", "every": 600, "keep": 2,
                                                                 "credentials": sorted(env)})

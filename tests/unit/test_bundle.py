@@ -62,7 +62,12 @@ def test_the_bundles_are_the_ones_their_carriers_need():
             if name not in ("status", "seal")}
     layout = ["rgt_runlayout.py", "rgt_states.py"]  # rgt_runlayout imports the run-state vocabulary
     seal = ["rgt_seal.py", "rgt_manifest.py", "rgt_outputs.py", "rgt_slurm.py"]  # the seal at a job's end (offload)
-    assert flat == {"wrapper": ["wrapper.py", "rgt_offload.py"] + layout + seal, "queue": ["queue.py"] + layout,
+    # the box's own meter stop (rgt_inbox) reads the box's listing (rgt_boxlist: its sweeps and Slurm records too)
+    inbox = ["rgt_inbox.py", "rgt_boxlist.py"]
+    assert flat == {"wrapper": ["wrapper.py"] + inbox + ["rgt_offload.py"] + layout + ["rgt_slurm.py", "rgt_sweep.py",
+                                                                                   "rgt_seal.py", "rgt_manifest.py",
+                                                                                   "rgt_outputs.py"],
+                    "queue": ["queue.py"] + layout,
                     "k8s_stage": ["rgt_k8s_stage.py"] + layout,
                     "k8s_seal": ["rgt_k8s_seal.py", "rgt_manifest.py"] + layout + ["rgt_seal.py", "rgt_outputs.py",
                                                                                    "rgt_slurm.py"],

@@ -440,7 +440,7 @@ def test_the_stage_carries_the_repo_scripts_job_json_and_the_code_and_the_plan_s
     wrapper = shown["data"]["wrapper.py"]
     assert wrapper.startswith("<wrapper.py: ") and wrapper.endswith("from roles/launch_detached/files/rgt_wrapper.py>")
     assert doc["binaryData"]["code.tar.gz"] not in entry["yaml"] and "def main" not in entry["yaml"]
-    assert len(entry["yaml"]) < 4000
+    assert len(entry["yaml"]) < 5000  # a placeholder line per staged file, never a file's content
 
 
 def test_the_stage_is_byte_identical_for_the_same_spec_and_code(tmp_path):

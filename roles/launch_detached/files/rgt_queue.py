@@ -15,7 +15,9 @@ attempt (`rgt-run retry`); a finished cell never. A slot is busy while a live ce
 started by an earlier queue keeps its slot) or while this queue's child on it has not exited. The queue starts each
 cell at most once per generation (a launch that changes queue.json bumps it), so a cell that stops is not restarted
 blindly; it writes <sweep_dir>/.rgt/queue-state.json (atomic: pending, running, generation) every poll, and exits
-when nothing runs and nothing is left to start (`ended: true`). A stop signal (TERM, INT, HUP: a preemption) ends it
+when nothing runs and nothing is left to start (`ended: true`). While the sweep's budget marker is there
+(<sweep_dir>/.rgt/BUDGET_STOP: watch at 100% of the sweep's budget_usd) it starts nothing: the cells it would have
+started are `held` in queue-state.json, not pending, and it ends once nothing runs. A stop signal (TERM, INT, HUP: a preemption) ends it
 without starting anything more (`stopped_by: <signal>`, the cells it left pending); the cells get their own signal
 through their wrappers.
 
@@ -73,6 +75,12 @@ def plan_starts(cells, views, slots, busy, started):
     return out
 
 
+def budget_hold(sweep_dir):
+    """The budget marker holding the sweep (watch at 100% of the sweep's budget_usd: rgt_runlayout.hold_sweep), or
+    None: while it is there the queue starts no cell; the cells it would have started are `held`."""
+    return rl.budget_held(sweep_dir)
+
+
 class Queue(object):
     def __init__(self, sweep_dir):
         self.sweep_dir = sweep_dir
@@ -86,6 +94,7 @@ class Queue(object):
         self.lock_handle = None
         self.stopping = None  # the stop signal received: start nothing more, leave the cells to their wrappers
         self.pending = []  # the cells the last tick left to start
+        self.held = []  # the cells the sweep's budget marker holds (budget_hold)
 
     def on_stop(self, signum, _frame):
         self.stopping = signum
@@ -157,18 +166,26 @@ class Queue(object):
         views = dict((cell, cell_view(self.paths(spec, cell))) for cell in spec["cells"])
         busy = set(self.children)
         busy.update(v["slot"] for v in views.values() if v["live"] and isinstance(v["slot"], int))
-        for cell, slot_index in plan_starts(spec["cells"], views, spec["slots"], busy, self.started):
+        hold = budget_hold(self.sweep_dir)
+        for cell, slot_index in [] if hold is not None else plan_starts(spec["cells"], views, spec["slots"], busy,
+                                                                         self.started):
             if self.stopping:
                 break
             self.started.add(cell)
             self.start(spec, self.paths(spec, cell), slot_index)
             views[cell] = cell_view(self.paths(spec, cell))
         pending = [c for c in spec["cells"] if c not in self.started and startable(views[c])]
+        held, pending = (pending, []) if hold is not None else ([], pending)
+        if held and held != self.held:
+            self.say("the sweep's budget is spent (.rgt/%s): holding %s; `rgt-run retry` with a higher budget_usd "
+                     "resumes them" % (rl.SWEEP_BUDGET_STOP, ", ".join(held)))
+        self.held = held
         self.pending = pending
         running = sorted(c for c, v in views.items() if v["live"])
         running += sorted(cell for cell, _proc in self.children.values() if cell not in running)
         rl.atomic_write_json(self.state_path, {"pid": os.getpid(), "generation": self.generation,
-                                               "pending": pending, "running": running, "at": now_iso()})
+                                               "pending": pending, "running": running, "held": held,
+                                               "at": now_iso()})
         return bool(pending or running)
 
     def run(self):
@@ -204,7 +221,7 @@ class Queue(object):
                      "starts it again" % self.stopping)
             return 0
         rl.atomic_write_json(self.state_path, {"pid": None, "generation": self.generation, "pending": [],
-                                               "running": [], "at": now_iso(), "ended": True})
+                                               "running": [], "held": self.held, "at": now_iso(), "ended": True})
         self.say("queue done: nothing runs and nothing is left to start")
         return 0
 

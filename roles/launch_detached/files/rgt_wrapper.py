@@ -34,7 +34,7 @@ import threading
 import time
 from shlex import quote as shell_quote
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_inbox, rgt_offload
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_runlayout as rl
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_seal
 
@@ -569,6 +569,9 @@ class Wrapper:
             "stop_signal": self.stop_signal}))
         self.drop_reserve()
         self.finish_offload(job, reason, offload_thread, pusher)
+        # the box stops its own meter only when the launch's authorisation and every run on the box allow it
+        # (module_utils/rgt_inbox: the record says what it did and why; never raises)
+        rgt_inbox.carry_out(self.paths, job)
         if echo is None:
             return 0
         while echo.pump():
