@@ -193,8 +193,8 @@ class Records(object):
         self.job = rl.read_json(paths.job) or {}
 
     def started(self):
-        """How many attempts started."""
-        return len([r for r in self.attempts if "started_at" in r])
+        """The number of the newest attempt started (how many, unless the run was moved: rgt_runlayout.last_attempt)."""
+        return rl.last_attempt(self.attempts)
 
 
 def first_result(paths, records):

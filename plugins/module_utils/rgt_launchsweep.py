@@ -80,7 +80,7 @@ def refuse(module, sweep, result):
 def cell_view(paths, inc):
     """(state, attempt): live, or how the cell's last attempt ended (rgt_runlayout.last_state)."""
     records = rl.read_jsonl(paths.attempts)
-    attempt = len([r for r in records if "started_at" in r])
+    attempt = rl.last_attempt(records)
     if lp.wrapper_alive(paths, rl.read_json(paths.pid), inc):
         return "live", attempt
     return rl.last_state(records, rl.read_json(paths.exit)), attempt
@@ -142,9 +142,15 @@ def budget_hold(module, sweep, views, result):
 
 
 def to_start(views, retry):
-    """The views of the cells that may start (never a live one; rgt_runlayout.may_start, a failed one only when in
-    `retry`)."""
-    return [(c, pa, st, at) for c, pa, st, at in views if st != "live" and rl.may_start(st, c["id"] in retry)]
+    """The views of the cells that may start (never a live one, nor one moved away: moved_away; rgt_runlayout.
+    may_start, a failed one only when in `retry`)."""
+    return [(c, pa, st, at) for c, pa, st, at in views if st != "live" and rl.may_start(st, c["id"] in retry)
+            and not moved_away(pa)]
+
+
+def moved_away(paths):
+    """A cell `rgt-run move` took to another box is fenced here (rgt_runlayout.fenced): never started on this box."""
+    return paths is not None and rl.fenced(paths) is not None
 
 
 def would(sweep, views, to_write, result):

@@ -94,6 +94,10 @@ _HINTS = {
     "keep": ("must be a whole number from 1 to 1000", "set offload.keep: 3 (the newest 3 kept on the target)"),
     "stop_box": ("must be true or false", "set offload.stop_box: true (with rgt-run train --down), or drop it"),
     "bwlimit": ("must be a rate such as 20M (rclone's --bwlimit: 20 MiB/s)", "set offload.bwlimit: 20M, or drop it"),
+    "spares": ("must list host names of the inventory, each once", "set offload.spares: [spare-box], hosts of the "
+               "inventory kept for this run to move to (docs/move.md)"),
+    "move_after_s": ("must be a number of seconds from 60 to 604800", "set offload.move_after_s: 900 (15 min "
+                     "unreachable), or drop it"),
 }
 
 

@@ -471,6 +471,46 @@ def request_budget_stop(paths, marker):
     return True
 
 
+MOVED_MARK = "moved.json"  # <run_dir>/.rgt/moved.json: the fence of `rgt-run move` (rgt.move.FENCE_PY writes it)
+
+
+def generation_of(job_doc):
+    """The run generation a job.json was written for: its env's RGT_GENERATION (1 for a run never moved)."""
+    try:
+        return int(((job_doc or {}).get("env") or {}).get("RGT_GENERATION") or 1)
+    except (TypeError, ValueError, AttributeError):
+        return 1
+
+
+def fenced(paths):
+    """The fence mark of a run dir whose run `rgt-run move` took to another box ({moved_to, generation, at}), when
+    it is newer than the generation its job.json was written for; else None. A fenced run dir never starts an
+    attempt again (the wrapper, a sweep's queue and launch): the run lives on `moved_to`."""
+    mark = read_json(os.path.join(paths.meta, MOVED_MARK))
+    if not isinstance(mark, dict):
+        return None
+    try:
+        newer = int(mark.get("generation") or 0) > generation_of(read_json(paths.job))
+    except (TypeError, ValueError):
+        newer = True
+    return mark if newer else None
+
+
+def attempts_before(job):
+    """The attempts a moved run had on its earlier boxes (`rgt-run move` puts RGT_ATTEMPTS_BEFORE in its env), 0."""
+    try:
+        return max(0, int(((job or {}).get("env") or {}).get("RGT_ATTEMPTS_BEFORE") or 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+def last_attempt(records, before=0):
+    """The highest attempt number started (attempts.jsonl's start lines), at least `before`: the attempts of the
+    run on the boxes it lived on before a move (RGT_ATTEMPTS_BEFORE), so numbering goes on across boxes."""
+    numbers = [r.get("attempt") for r in records if "started_at" in r and isinstance(r.get("attempt"), int)]
+    return max(numbers + [int(before or 0)])
+
+
 # A sweep held at its budget (rgt.budget: watch at 100% of a sweep's budget_usd): <sweep_dir>/.rgt/BUDGET_STOP, the
 # budget marker, written atomically before the sweep's running cells are asked to stop. The sweep's queue starts no
 # cell while it is there (rgt_queue), nor does a launch (rgt_launchsweep.budget_hold); status shows the cells it

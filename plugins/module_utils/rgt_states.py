@@ -264,10 +264,13 @@ SIGNAL_SHOWN = _group("signal_shown", _shown(SIGNAL_ENDS),
 ATTENTION = "attention"  # a notify event that is no state: a new attention id on a run
 BUDGET = "budget"  # a run (or sweep) reached 50, 80 or 100% of rgt_job.budget_usd (rgt.budget)
 IDLE_METER = "idle_meter"  # a box with no live run, everything pulled and verified, still billing (rgt.budget)
-NOTIFY_EVENTS = NOTIFY_STATES + (ATTENTION, BUDGET, IDLE_METER)  # the words of a notify rule's `on` (job schema)
-DEFAULT_ON = NOTIFY_DEFAULT + (ATTENTION, BUDGET, IDLE_METER)  # a rule that names no `on`
+MOVED = "moved"  # watch moved a run to a spare by itself (offload.spares; rgt.automove), or found no free spare
+FENCED = "fenced"  # watch stopped a moved run's stale attempt on a box that came back (rgt.move.fence)
+NOTIFY_EVENTS = NOTIFY_STATES + (ATTENTION, BUDGET, IDLE_METER, MOVED, FENCED)  # a notify rule's `on` (job schema)
+DEFAULT_ON = NOTIFY_DEFAULT + (ATTENTION, BUDGET, IDLE_METER, MOVED, FENCED)  # a rule that names no `on`
 NOTIFY_COLORS = dict([(s.name, s.notify_color) for s in RUN_STATES]
-                     + [(ATTENTION, "danger"), (BUDGET, "warning"), (IDLE_METER, "warning")])
+                     + [(ATTENTION, "danger"), (BUDGET, "warning"), (IDLE_METER, "warning"), (MOVED, "warning"),
+                        (FENCED, "warning")])
 
 
 # ---------------------------------------------------------------- gate states

@@ -407,7 +407,7 @@ def main():
     omp = lp.omp_threads(p["omp_num_threads"], p["job"], scheduler)
     detach = rgt_detach.choose(module, p["detach"], p["detach_fallback"], result)
     action = "launch" if state == "never" else "relaunch"
-    attempt = result["attempt"] + 1
+    attempt = max(result["attempt"] or 0, rl.attempts_before(p["job"])) + 1  # the wrapper's number (a move's too)
     result.update(changed=True, action=action, attempt=attempt, detach=detach.name, code_dir=code_dir,
                   omp_num_threads=omp)
     if module.check_mode:

@@ -260,6 +260,30 @@ def check_job(job: dict, where: str, base: Path | None = None) -> None:
             raise InputError(f"{where}: {exc}", fix=exc.fix, field=exc.field) from exc
 
 
+def check_spares(inventory: str, hosts: list) -> None:
+    """`offload.spares` (watch's automatic move, docs/move.md): every spare is a host of the inventory (not only of
+    --limit) and not the run's own host, and the offload goes to an rclone target (a move reads the checkpoint
+    there). Exit 2 naming the field; nothing is read when no job names spares."""
+    wanting = [(h, h.vars["rgt_job"]["offload"]) for h in hosts if isinstance(h.vars.get("rgt_job"), dict)
+               and isinstance(h.vars["rgt_job"].get("offload"), dict) and h.vars["rgt_job"]["offload"].get("spares")]
+    if not wanting:
+        return
+    names = set(read_inventory(inventory, None, {}))
+    for host, offload in wanting:
+        if not _offload.remote_of(offload.get("to")):
+            raise InputError(f"host '{host.name}': offload.spares needs offload.to to be an rclone target (a move "
+                             "resumes from the checkpoint copied there)", fix="set offload.to: remote:path, or drop "
+                             "offload.spares", field="rgt_job.offload.spares")
+        for spare in offload["spares"]:
+            if spare == host.name:
+                raise InputError(f"host '{host.name}': offload.spares names the run's own host", fix="name other "
+                                 "hosts of the inventory, kept for the run to move to", field="rgt_job.offload.spares")
+            if spare not in names:
+                raise InputError(f"host '{host.name}': offload.spares names {spare}, no host of the inventory "
+                                 f"{inventory}", fix=f"name one of: {', '.join(sorted(names - {host.name}))}",
+                                 field="rgt_job.offload.spares")
+
+
 def secret_name_shown(name: str) -> str:
     """A secret's NAME as a message may show it: an UPPER_CASE name as it is; anything else (`hf_Zq8...`: a
     token's value pasted where its variable's name belongs passes the name pattern) by its length only."""

@@ -29,9 +29,9 @@ ORDER = ("cli", "commands", "engines", "core", "module_utils")  # top first: a l
 
 LAYERS: dict[str, list[str]] = {
     "cli": ["cli"],
-    "commands": ["budget", "init", "lifecycle", "logs", "move", "notify", "offload", "offloadpull", "pin", "plan",
-                 "play", "prepare", "prices", "pull", "report", "retry", "runreport", "runs", "service", "status",
-                 "teardown", "unattended"],
+    "commands": ["automove", "budget", "init", "lifecycle", "logs", "move", "notify", "offload", "offloadpull", "pin",
+                 "plan", "play", "prepare", "prices", "pull", "report", "retry", "runreport", "runs", "service",
+                 "status", "teardown", "unattended"],
     "engines": ["bundle", "engines", "engines.base", "engines.kubernetes", "engines.ssh", "k8s", "k8s_engine",
                 "k8s_run", "observe", "phases", "pullround", "sshround"],
     "core": ["confirmation", "endings", "errors", "events", "inventory", "jobspec", "layers", "ledger", "memory",

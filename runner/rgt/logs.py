@@ -34,10 +34,11 @@ from typing import IO
 
 from rich.console import Console
 
-from rgt import engines, errors, output, paths, sshround
+from rgt import engines, errors, memory, output, paths, sshround
 from rgt.bundle import status_zipapp
 from rgt.engines.base import LogSource
 from rgt.errors import InputError
+from rgt.ledger import ledger_dir
 from rgt.prepare import prepare_hosts
 from rgt.safetext import printable
 
@@ -402,6 +403,20 @@ def program_logs(source: LogSource, argv: list[str], printer: Printer, procs: di
     return source.explain(argv, err)
 
 
+def arrivals(console: Console, args: argparse.Namespace, sources: list[LogSource]) -> None:
+    """A run `rgt-run move` brought to its host: one line before its log says from where, and the work lost (the
+    log here begins with the new box's first attempt; the old box's attempts stay on the old box)."""
+    try:
+        ledger = ledger_dir(getattr(args, "ledger", None), make=False)
+    except InputError:
+        return
+    for source in sources:
+        run_id, project = source.params.get("run_id"), source.params.get("project")
+        move = memory.arrival(ledger, source.host, project, run_id) if run_id and project else None
+        if move:
+            console.print(f"{source.host}: {run_id} {memory.move_words(move)}", highlight=False, markup=False)
+
+
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
     if args.follow and args.json:
         raise InputError("--json prints one document at the end; it cannot follow a log",
@@ -415,6 +430,7 @@ def cmd_logs(args: argparse.Namespace, console: Console) -> int:
         width = max(len(h.name) for h in hosts)
         for source in (*sources, *(s for s, _argv in programs)):
             source.prefix = f"{source.host.ljust(width)} | "
+    arrivals(console, args, every)
     printer = Printer()
     results: dict[str, dict] = {}
     if not args.follow:

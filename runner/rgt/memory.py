@@ -107,6 +107,8 @@ def record_move(ledger: Path, old: str, new: str, project: str, run_id: str, gen
     doc = read_runs(ledger, new)
     if doc and key in doc["runs"]:
         doc["runs"][key].update(generation=generation, moved_from=old, move=move)
+        if move.get("sweep"):  # a sweep cell started there as one run: it stays a cell of its sweep
+            doc["runs"][key]["sweep"] = move["sweep"]
         atomic_write_json(_path(ledger, new), doc)
 
 
@@ -118,6 +120,27 @@ def record_fence(ledger: Path, host: str, project: str, run_id: str, fence: dict
     if doc and key in doc["runs"]:
         doc["runs"][key].update(fence=fence, fenced_at=datetime.now(UTC).isoformat(timespec="seconds"))
         atomic_write_json(_path(ledger, host), doc)
+
+
+def arrival(ledger: Path, host: str, project: str, run_id: str) -> dict | None:
+    """The move that brought `run_id` to `host` (the moves.jsonl line rgt.move keeps in the new host's entry), or
+    None for a run that started there (or a record that cannot be read: the command that reads it names it)."""
+    try:
+        doc = read_runs(ledger, host)
+    except InputError:
+        return None
+    run = ((doc or {}).get("runs") or {}).get(run_key(project, run_id)) or {}
+    move = run.get("move")
+    return move if run.get("moved_from") and isinstance(move, dict) else None
+
+
+def move_words(move: dict) -> str:
+    """`moved from rp (generation 2, attempt 2, resumed from step 30; work lost 12 steps)`: logs and the report."""
+    ckpt = move.get("checkpoint") or {}
+    lost = move.get("work_lost_steps")
+    return (f"moved from {move.get('from')} (generation {move.get('generation')}, attempt {move.get('attempt')}, "
+            f"resumed from step {ckpt.get('step')}; work lost "
+            + (f"{lost} steps)" if lost is not None else "unknown: the old box never reported a step)"))
 
 
 def moved_away(ledger: Path, host: str) -> list[dict]:

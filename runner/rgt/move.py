@@ -31,7 +31,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import engines, errors, memory, observe, output, paths, sshround
+from rgt import engines, errors, memory, observe, output, paths, rosters, sshround
 from rgt.errors import InputError
 from rgt.inventory import load_hosts
 from rgt.ledger import append_jsonl, ledger_dir
@@ -146,6 +146,15 @@ def _old_last_step(ledger: Path, host: str, run_id: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
+def attempts_before(ledger: Path, host: str, entry: dict) -> int:
+    """The attempts the run had before the move (on its old box and the boxes before it): the newest attempt the
+    ledger or the old box's last status named. The new box numbers its first attempt one more."""
+    seen = observe.last_seen(ledger, host) or {}
+    known = [entry.get("attempt"), (entry.get("move") or {}).get("attempt"),
+             seen.get("attempt") if seen.get("run_id") == entry.get("run_id") else None]
+    return max([n for n in known if isinstance(n, int)] + [0])
+
+
 def check_input(args: argparse.Namespace, ledger: Path) -> tuple[str, dict, object]:
     """(old host, its entry of the run, the new inventory host) or InputError naming the field."""
     runs = find_run(ledger, args.run)
@@ -165,8 +174,10 @@ def check_input(args: argparse.Namespace, ledger: Path) -> tuple[str, dict, obje
                          fix="name another host of the inventory (a run on its own box resumes with `rgt-run train` "
                              "or `rgt-run watch`)", field="--to")
     if entry.get("sweep"):
-        raise InputError(f"{args.run} is a cell of sweep {entry['sweep']}: moving a sweep cell is not built yet",
-                         fix="move a single run, or retry the cell on its own box", field="RUN")
+        cell = rosters.cell_of(ledger, entry.get("project") or "", entry["sweep"], args.run)
+        if cell["host"] != old:
+            raise InputError(f"{args.run}: the roster of sweep {entry['sweep']} places it on {cell['host']}, the "
+                             f"ledger's runs on {old}", fix="restore the sweep's roster in the ledger", field="RUN")
     offload = _offload.settings(entry["job"])
     if not offload or not _offload.remote_of(offload.get("to")):
         raise InputError(f"{args.run} has no offload to an rclone target (rgt_job.offload.to), so no copy of its "
@@ -180,15 +191,30 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
     memory.check_records(ledger, [argparse.Namespace(name=h) for h in memory.hosts_remembered(ledger)])
     old, entry, new = check_input(args, ledger)
     generation = int(entry.get("generation") or 1) + 1
-    job = dict(entry["job"])
-    job["env"] = {**(job.get("env") or {}), "RGT_GENERATION": str(generation)}
+    before = attempts_before(ledger, old, entry)
+    job = dict(entry["job"])  # a sweep cell's is its own job as one run (rgt.rosters.cell_job): it starts as one
+    job["env"] = {**(job.get("env") or {}), "RGT_GENERATION": str(generation), "RGT_ATTEMPTS_BEFORE": str(before)}
+    spares = (job.get("offload") or {}).get("spares")
+    if spares:  # the run now lives on --to: the spares left are the others (watch's automatic move)
+        rest = [s for s in spares if s != args.to]
+        job["offload"] = {k: v for k, v in job["offload"].items() if k != "spares" and (rest or k != "move_after_s")}
+        if rest:
+            job["offload"]["spares"] = rest
     stage = Path(tempfile.mkdtemp(prefix="rgt-move-"))
     try:
         # every input, the secrets in this shell and the new host's pin are checked before the checkpoint is fetched
         ns = argparse.Namespace(**vars(args))
         ns.playbook, ns.limit = "train", args.to
-        ns.extra_vars = [json.dumps({"rgt_job": job, "rgt_skip_smoke": True})]
+        # a cell's run id (`abl--lr=3e-4`) is no name a job spec may give, so the spec is checked as its sweep's
+        # name and launched under the cell's own (the box checks a cell's id as it does for its queue)
+        checked = {**job, "run_id": entry["sweep"]} if entry.get("sweep") else job
+        ns.extra_vars = [json.dumps({"rgt_job": checked, "rgt_skip_smoke": True})]
         _playbook, hosts, extravars = prepare(ns)
+        if entry.get("sweep"):
+            extravars["rgt_job"] = {**extravars["rgt_job"], "run_id": args.run}
+            for host in hosts:
+                if isinstance(host.vars.get("rgt_job"), dict):
+                    host.vars = {**host.vars, "rgt_job": {**host.vars["rgt_job"], "run_id": args.run}}
         project = hosts[0].project
         got = fetch_checkpoint(_offload.settings(job)["to"], entry.get("project") or project, args.run, stage)
         for skipped in got["skipped"]:
@@ -199,7 +225,16 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
                       f"{escape(got['name'])} (step {got['step']}, verified against its manifest)"
                       + (f"; work lost: {lost} steps (the old box was last seen at step {last})"
                          if lost is not None else ""))
-        extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files")}
+        # the new run dir's offload records start with this copy: it is on the target and verified (status then
+        # shows the offload as it is, not a checkpoint that waits for a copy since the old box made it)
+        now = time.time()
+        offload_record = {"kind": "checkpoint", "name": got["name"], "step": got["step"], "dest": got["dest"],
+                          "ok": True, "verified": True, "files": got["files"],
+                          "manifest_sha256": got["manifest_sha256"], "ts_epoch": round(now, 3),
+                          "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "moved_from": old,
+                          "attempt": before}
+        extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files"),
+                                 "offload_record": offload_record}
         ledger = ledger_dir(args.ledger)
         result = run_playbook(paths.PLAYBOOKS_DIR / "move.yml", args.inventory, hosts, ledger=ledger,
                               console=console, extravars=extravars, limit=args.to, quiet=not args.verbose,
@@ -209,7 +244,8 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
     outcome = result.hosts.get(args.to)
     report = (outcome.results.get("launch_detached_report") if outcome else None) or {}
     state = report.get("state")
-    record = {"run_id": args.run, "project": project, "from": old, "to": args.to, "generation": generation,
+    record = {"run_id": args.run, "project": project, "sweep": entry.get("sweep"), "from": old, "to": args.to,
+              "generation": generation, "attempts_before": before, "attempt": report.get("attempt"),
               "checkpoint": {k: got[k] for k in ("name", "step", "dest", "manifest_sha256")},
               "old_last_step": last, "work_lost_steps": lost,
               "at": datetime.now(UTC).isoformat(timespec="seconds"), "state": state}
@@ -220,9 +256,11 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
         code = result.exit_code if result.exit_code != errors.OK else errors.FAILED
     else:
         memory.record_move(ledger, old, args.to, project, args.run, generation, record)
+        if entry.get("sweep"):  # the roster places the cell on the new host: the old box's share leaves it out
+            rosters.move_cell(ledger, project, entry["sweep"], args.run, args.to)
         append_jsonl(ledger / MOVES, record)
         console.print(f"[green]{escape(args.run)}: {state} on {escape(args.to)}[/green] (generation {generation}, "
-                      f"resumed from step {got['step']})")
+                      f"attempt {report.get('attempt')}, resumed from step {got['step']})")
         code = errors.OK
     console.print(f"exit {code}")
     output.emit({"command": "move", **record, "exit_code": code, "phase": result.as_dict()}, args.json)

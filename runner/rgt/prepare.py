@@ -21,7 +21,16 @@ from pathlib import Path
 
 from rgt import confirmation, engines, jobspec, k8s_engine, memory, paths, profiles, sshround, sweeps
 from rgt.errors import InputError, RgtError
-from rgt.inventory import Host, ansible_env, check_pins, load_hosts, missing_secrets, secret_name_shown, validate_job
+from rgt.inventory import (
+    Host,
+    ansible_env,
+    check_pins,
+    check_spares,
+    load_hosts,
+    missing_secrets,
+    secret_name_shown,
+    validate_job,
+)
 from rgt.ledger import ledger_dir
 
 MAX_VARS_FILE_BYTES = 8 << 20
@@ -228,6 +237,8 @@ def prepare(args: argparse.Namespace, pins: bool = True, plan: bool = False, cho
     if playbook.stem in memory.RECALLING_PLAYBOOKS and "rgt_job" not in extravars:
         # every run the ledger knows on each host without a job spec (a launch: the unit `choose` picks)
         memory.recall(ledger, hosts, launching=playbook.stem in memory.LAUNCHING_PLAYBOOKS, choose=choose)
+    if playbook.stem in memory.LAUNCHING_PLAYBOOKS:
+        check_spares(args.inventory, hosts)  # watch's automatic move: spares are other hosts of the inventory
     swept = sweeps.prepare(playbook.stem, hosts, extravars, ledger, plan_only=plan,
                            look=_box_rosters(args, extravars)
                            if pins and playbook.stem in memory.LAUNCHING_PLAYBOOKS else None)

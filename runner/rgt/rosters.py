@@ -8,10 +8,12 @@ the tally), which keep and read rosters through this module.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rgt import paths
-from rgt.ledger import read_record
+from rgt.errors import InputError
+from rgt.ledger import atomic_write_bytes, read_record
 
 ROSTER_SCHEMA = "rgt/roster/v1"
 
@@ -68,3 +70,31 @@ def roster_job(roster: dict) -> dict | None:
 def cell_job(job: dict, cell: dict) -> dict:
     """A cell of the roster as an ordinary run's job spec (module_util rgt_sweep.cell_job: one rule with the box)."""
     return paths.module_util("rgt_sweep").cell_job(job, cell)
+
+
+def cell_of(ledger: Path, project: str, name: str, cell_id: str) -> dict:
+    """The roster's entry of one cell ({id, host, ...}); InputError (exit 2) when the ledger keeps no roster of the
+    sweep or it holds no such cell."""
+    roster = read_roster(ledger, project, name)
+    cell = next((c for c in (roster or {}).get("cells") or [] if c["id"] == cell_id), None)
+    if cell is None:
+        raise InputError(f"{cell_id} is no cell of the roster of sweep {name} in the ledger "
+                         f"({roster_path(ledger, project, name)})", fix="name a cell as `rgt-run status` lists it",
+                         field="RUN")
+    return cell
+
+
+def move_cell(ledger: Path, project: str, name: str, cell_id: str, host: str) -> None:
+    """`rgt-run move` of a sweep cell: the roster places the cell on `host` from now on (atomic); a later train,
+    watch or retry keeps it there (rgt.sweeps.plan keeps a roster's hosts), and the old host's share leaves it out."""
+    roster = read_roster(ledger, project, name)
+    for cell in (roster or {}).get("cells") or []:
+        if cell["id"] == cell_id:
+            cell["host"] = host
+    if isinstance((roster or {}).get("hosts"), dict):  # {host: [ids]}: the cell leaves its old host's list
+        by_host = {h: [c for c in ids if c != cell_id] for h, ids in roster["hosts"].items()}
+        by_host[host] = [*by_host.get(host, []), cell_id]
+        roster["hosts"] = by_host
+    if roster is not None:  # keys in the order read: the order of sweep.matrix is part of every cell's run id
+        atomic_write_bytes(roster_path(ledger, project, name),
+                           (json.dumps(roster, indent=2, default=str) + "\n").encode())

@@ -29,7 +29,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, output, paths, rosters, sweeps
+from rgt import errors, memory, output, paths, rosters, sweeps
 from rgt.engines import poll
 from rgt.ledger import atomic_write_bytes, atomic_write_json, ledger_dir, read_json, runs_dir
 from rgt.prepare import prepare_hosts
@@ -598,6 +598,8 @@ def figures_table(f: dict) -> str:
         _row("idle_cost", "cost after the job ended", _fmt(f["idle_cost"], ".4f"), idle_note),
         _row("cost", "cost", _fmt(f["cost"], ".4f"), "so far" if not f["torn_down"] else "until teardown"),
     ]
+    if f.get("moved"):
+        rows.insert(1, _row("moved", "moved", f["moved"]))
     offset = f.get("clock_offset_s") or 0.0
     if abs(offset) >= CLOCK_NOTE_S:
         rows.append(_row("clock_offset_h", "box clock", f"{-offset / 3600:+.2f} h",
@@ -752,7 +754,8 @@ def sweep_rows(s: dict) -> list[dict]:
                      "bad": r["state"] in _states.CELL_BAD,
                      "attempts": _d(r["attempts"]), "final_loss": _d(r["final_loss"]),
                      "wall_min": _fmt(r["wall_s"] and r["wall_s"] / 60, ".2f"), "cost": _fmt(r["cost"], ".4f"),
-                     "pulled": bool(v), "verified_files": _d(v.get("files")) if v else None, "source": r["source"]})
+                     "pulled": bool(v), "verified_files": _d(v.get("files")) if v else None, "source": r["source"],
+                     "moved": r.get("moved")})
     return rows
 
 
@@ -803,6 +806,16 @@ def best_doc(fresh: dict, before: dict | None, saved: dict | None) -> dict | Non
     return None
 
 
+def _any_arrival(ledger: Path, host: str, run_id: str) -> dict | None:
+    """The move that brought run_id to host, whatever its project (a status document may not name it)."""
+    try:
+        runs = memory.runs_of(ledger, host)
+    except errors.InputError:
+        return None
+    return next((memory.arrival(ledger, host, r.get("project") or "", run_id) for r in runs
+                 if r.get("run_id") == run_id and r.get("moved_from")), None)
+
+
 def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: float | None = None) -> dict:
     """Write runs/<run_id>/report.html (+ PNGs, + <host>.report.json) for the hosts that ran run_id."""
     now = time.time() if now is None else now
@@ -812,6 +825,9 @@ def write_report(root: Path, ledger: Path, run_id: str, docs: list[dict], now: f
         host = str(doc.get("host"))
         facts = run_facts(doc, now=now, teardown_at=teardown_time(ledger, host),
                           verified=verified_marker(root, run_id, host))
+        move = _any_arrival(ledger, host, run_id)
+        if move:
+            facts["moved"] = memory.move_words(move)
         facts_by_host[host] = facts
         images, names = {}, {}
         for key, plot, _title, _missing in PLOTS:
@@ -843,6 +859,9 @@ def write_sweep_report(root: Path, ledger: Path, roster: dict, docs: list[dict],
     verified = {c["id"]: verified_marker(root, c["id"], c["host"]) for c in cells}
     teardown = {h: teardown_time(ledger, h) for h in sorted({c["host"] for c in cells})}
     s = sweep_facts(roster, docs, now=now, teardown_at=teardown, verified=verified, down=down)
+    for row in s["rows"]:  # a cell `rgt-run move` took to another host: the page says so, and the work lost
+        move = memory.arrival(ledger, row["host"], str(roster.get("project") or ""), row["cell"])
+        row["moved"] = memory.move_words(move) if move else None
     by_cell = {(d.get("host"), d.get("run_id")): d for d in docs}
     cell_docs, hosts = {}, {}
     for row in s["rows"]:

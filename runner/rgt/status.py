@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from rgt import (
+    automove,
     budget,
     endings,
     errors,
@@ -379,6 +380,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     if getattr(args, "detach", False):  # the same watch in the background (rgt.service)
         return service.detach(args, console, ledger)
     watching = service.start_watch(args, ledger, console, hosts)  # the ledger's watch lock (--follow: none), its log
+    idle = automove.idle_spares(hosts)  # spares with no run: looked at once a run moves there (rgt.automove)
+    hosts = [h for h in hosts if h.name not in idle]
     by_name = {h.name: h for h in hosts}
     events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
     schedule = Schedule(list(by_name), interval, _monotonic())
@@ -389,6 +392,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     code = errors.OK
     notifier = None if watching.follow else _watch_notifier(ledger, hosts, extravars, console)
     budgets = None if watching.follow else budget.Watcher(args, console, ledger, hosts, extravars, notifier)
+    moves = None if watching.follow else automove.Watcher(args, console, ledger, notifier, events)
     console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
                   "(dead runs are reported, never relaunched)")
     while ticks < max_ticks and schedule.active():
@@ -400,15 +404,23 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
             continue
         ticks += 1
         docs = poll(args, console, [by_name[n] for n in due], extravars, ledger)
-        if not watching.follow:  # a run `rgt-run move` took away: its stale attempt on a box that answers again
-            move.fence(args.inventory, console,  # is stopped (rgt.move)
-                       [by_name[n] for n in due if docs[n].get("state") != "unreachable"], extravars, ledger, events)
+        if moves is not None:  # a run `rgt-run move` took away: its stale attempt on a box that answers again
+            moves.fenced(move.fence(args.inventory, console,  # is stopped (rgt.move)
+                                    [by_name[n] for n in due if docs[n].get("state") != "unreachable"], extravars,
+                                    ledger, events))
+            for moved in moves.tick({n: docs[n] for n in due}, by_name):  # a gone box's run, to a spare
+                _follow_moved(args, console, moved, by_name, schedule, hosts, notifier, extravars, _monotonic())
         offload.tick(args, console, hosts, docs, extravars, watching.follow)  # rgt.offload: to: controller
         mono, now = _monotonic(), time.time()
         to_resume = []
         keys: dict[str, tuple] = {}
         for name in due:
             doc = docs[name]
+            if moves is not None and name in moves.left and doc.get("state") == "unreachable":
+                latest.pop(name, None)  # every run it held moved away: its silence is no run's state
+                schedule.update(name, False, mono)  # looked at again (backed off) for the fence, if it comes back
+                console.print(f"{name}: unreachable; its runs moved away", highlight=False, markup=False)
+                continue
             latest[name] = doc
             delay = schedule.update(name, doc.get("state") != "unreachable", mono)
             key = resume_key(name, doc, cells_of(by_name[name]))
@@ -501,6 +513,27 @@ def _watch_summary(latest: dict[str, dict], ledger: Path | None = None, hosts: l
 
     lines = [sweeps.tally_line(t, why) for t in tallies]
     return "; ".join(lines) + "; " + runreport.losses_and_cost(runreport.run_facts(r) for r in seen)
+
+
+def _follow_moved(args: argparse.Namespace, console: Console, moved: dict, by_name: dict, schedule: Schedule,
+                  hosts: list, notifier, extravars: dict, now: float) -> None:
+    """After watch moved a run to a spare (rgt.automove): the spare is watched from the next tick, with the runs the
+    ledger now knows on it; the old host is done once the platform said it is gone."""
+    if moved.get("gone"):
+        schedule.done.add(moved["from"])  # terminated: nothing there to fence, ever
+    ns = argparse.Namespace(**{**vars(args), "limit": moved["to"], "extra_vars": []})
+    try:
+        (spare,), _extra = prepare_hosts(ns)
+    except (errors.InputError, ValueError) as exc:  # the run goes on there; watch says why it cannot follow it
+        console.print(f"{moved['to']}: not watched by this watch ({getattr(exc, 'message', exc)}): `rgt-run watch "
+                      f"-i INV -l {moved['to']}` follows the run there", highlight=False, markup=False)
+        return
+    by_name[moved["to"]] = spare
+    hosts[:] = [h for h in hosts if h.name != spare.name] + [spare]
+    schedule.due[spare.name], schedule.failures[spare.name] = now, 0
+    schedule.done.discard(spare.name)
+    if notifier is not None:
+        notifier.rules[spare.name] = notify.host_rules(spare, extravars)
 
 
 def _watch_notifier(ledger: Path, hosts: list, extravars: dict, console: Console):

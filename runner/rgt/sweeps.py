@@ -89,7 +89,7 @@ def placed_before(ledger: Path | None, project: str, name: str, cell_ids: set[st
     if ledger is not None:
         for host in memory.hosts_remembered(ledger):
             for run in memory.runs_of(ledger, host):
-                if run.get("project") == project and run.get("run_id") in cell_ids:
+                if run.get("project") == project and run.get("run_id") in cell_ids and not run.get("moved_to"):
                     found.setdefault(run["run_id"], set()).add(host)
     for _asked, roster in (look(hosts, project, name) if look and hosts else {}).items():
         for cell, host in (roster.get("cells") or {}).items():

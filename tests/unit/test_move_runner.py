@@ -3,6 +3,7 @@ entry that verifies against its manifest is the one a move resumes from; a tampe
 that verifies is exit 2 naming RUN, and nothing is left in the stage."""
 
 import hashlib
+import json
 
 import pytest
 
@@ -64,3 +65,37 @@ def test_the_ledger_moves_the_run_and_keeps_its_generation_across_relaunches(tmp
     assert (entry["generation"], entry["moved_from"], entry["attempt"]) == (2, "old", 2)
     memory.record_fence(tmp_path, "old", "rgt", "r1", {"was_live": True})
     assert memory.moved_away(tmp_path, "old")[0]["fence"] == {"was_live": True}
+
+
+def test_a_moved_sweep_cell_is_the_new_hosts_cell_of_its_sweep_and_the_old_hosts_share_leaves_it_out(tmp_path):
+    from types import SimpleNamespace
+
+    from rgt import memory, rosters, sweeps
+    from rgt.ledger import atomic_write_bytes
+
+    job = {"name": "abl", "command": "python3 train.py", "sweep": {"matrix": {"seed": [1, 2]}, "args": "--s {seed}"}}
+    roster = {"schema": rosters.ROSTER_SCHEMA, "sweep": "abl", "project": "rgt", "created_at": "t", "job": job,
+              "cells": [{"id": f"abl--seed={n}", "host": "old", "params": {"seed": n}, "env": {},
+                         "command": f"python3 train.py --s {n}"} for n in (1, 2)],
+              "hosts": {"old": ["abl--seed=1", "abl--seed=2"]}}
+    atomic_write_bytes(rosters.roster_path(tmp_path, "rgt", "abl"), json.dumps(roster).encode())
+    cell = rosters.cell_job(job, roster["cells"][0])
+    memory.record_launch(tmp_path, "old", "i-old", "rgt", cell, {"action": "launch", "attempt": 1}, sweep="abl")
+    memory.record_launch(tmp_path, "new", "i-new", "rgt", cell, {"action": "launch", "attempt": 2})
+    memory.record_move(tmp_path, "old", "new", "rgt", "abl--seed=1", 2, {"at": "now", "sweep": "abl", "from": "old"})
+    rosters.move_cell(tmp_path, "rgt", "abl", "abl--seed=1", "new")
+
+    old = SimpleNamespace(name="old", project="rgt", instance_id="i-old")
+    new = SimpleNamespace(name="new", project="rgt", instance_id="i-new")
+    assert [r["run_id"] for r in memory.host_runs(tmp_path, old)] == ["abl--seed=2"]
+    assert [(r["run_id"], r["sweep"]) for r in memory.host_runs(tmp_path, new)] == [("abl--seed=1", "abl")]
+    assert rosters.cell_of(tmp_path, "rgt", "abl", "abl--seed=1")["host"] == "new"
+    kept = json.loads(rosters.roster_path(tmp_path, "rgt", "abl").read_text())
+    assert kept["hosts"] == {"old": ["abl--seed=2"], "new": ["abl--seed=1"]}
+    assert list(kept["job"]["sweep"]) == ["matrix", "args"]  # the keys in the order written
+    # a roster the ledger lost: the old host's entry of the moved cell is no second placement
+    rosters.roster_path(tmp_path, "rgt", "abl").unlink()
+    assert sweeps.placed_before(tmp_path, "rgt", "abl", {"abl--seed=1"}, []) == {"abl--seed=1": "new"}
+    assert memory.move_words({"from": "old", "generation": 2, "attempt": 2, "checkpoint": {"step": 30},
+                              "work_lost_steps": 5}) == ("moved from old (generation 2, attempt 2, resumed from "
+                                                         "step 30; work lost 5 steps)")

@@ -368,3 +368,14 @@ def test_only_cells_that_may_start_are_laid_out(tmp_path):
     assert ls.sweep_state({"finished": 2}, 2, True) == "finished"
     assert ls.sweep_state({"finished": 1, "queued": 1}, 2, False) == "running"
     assert ls.sweep_state({"finished": 1, "dead": 1}, 2, True) == "dead"
+
+
+def test_a_sweep_cell_moved_away_is_never_started_by_this_boxs_launch(tmp_path):
+    views = []
+    for cell_id in ("abl--seed=1", "abl--seed=2"):
+        paths = rl.RunPaths(str(tmp_path), "proj", cell_id)
+        os.makedirs(paths.meta)
+        rl.atomic_write_json(paths.job, {"command": "true", "env": {}})
+        views.append(({"id": cell_id}, paths, "preempted", 1))
+    rl.atomic_write_json(os.path.join(views[0][1].meta, rl.MOVED_MARK), {"moved_to": "b", "generation": 2})
+    assert [c["id"] for c, _p, _s, _a in ls.to_start(views, set())] == ["abl--seed=2"]

@@ -116,9 +116,9 @@ def test_every_group_member_is_a_word_of_its_vocabulary():
         assert set(members) <= set(S.REASON), name
     assert set(S.SHOWN.values()) <= set(S.STATES)
     assert set(S.LAST_STATES) == set(S.REASON)
-    assert set(S.NOTIFY_EVENTS) - set(S.STATES) == {S.ATTENTION, S.BUDGET, S.IDLE_METER}
+    assert set(S.NOTIFY_EVENTS) - set(S.STATES) == {S.ATTENTION, S.BUDGET, S.IDLE_METER, S.MOVED, S.FENCED}
     assert set(S.DEFAULT_ON) <= set(S.NOTIFY_EVENTS)
-    assert set(S.NOTIFY_COLORS) == set(S.STATES) | {S.ATTENTION, S.BUDGET, S.IDLE_METER}
+    assert set(S.NOTIFY_COLORS) == set(S.STATES) | {S.ATTENTION, S.BUDGET, S.IDLE_METER, S.MOVED, S.FENCED}
     assert set(S.CELL_NAMED) <= set(S.CELL_BAD) <= set(S.CELL_STATES)
     for gate in S.GATE_STATES_TABLE:
         assert gate.means.strip() and gate.by.strip() and gate.blocks in ("always", "unless_pulled", "exported")

@@ -64,6 +64,12 @@ def test_next_attempt_counts_start_lines_only():
     assert w.next_attempt([{"attempt": 1, "ended_at": "t"}]) == 1
 
 
+def test_next_attempt_goes_on_from_the_attempts_a_moved_run_had_before():
+    assert w.next_attempt([], rl.attempts_before({"env": {"RGT_ATTEMPTS_BEFORE": "3"}})) == 4
+    assert w.next_attempt([{"attempt": 4, "started_at": "t"}], 3) == 5
+    assert rl.attempts_before({"env": {"RGT_ATTEMPTS_BEFORE": "x"}}) == 0 and rl.attempts_before({}) == 0
+
+
 def test_unfinished_attempts_are_starts_without_an_end():
     records = [{"attempt": 1, "started_at": "t"}, {"attempt": 1, "ended_at": "t"},
                {"attempt": 2, "started_at": "t"}]

@@ -384,3 +384,17 @@ def test_a_second_report_redraws_only_the_figure_whose_data_changed(tmp_path):
     assert sorted(rep["pngs"]) == sorted(str(out / n) for n in before)
     assert after["report-box-steps.png"] == before["report-box-steps.png"]
     assert after["report-box-time.png"][0] != before["report-box-time.png"][0]
+
+
+def test_a_moved_runs_page_says_where_it_came_from_and_the_work_lost(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rgt import memory
+
+    ledger = tmp_path / "ledger"
+    memory.record_launch(ledger, "box", "i-box", "rgt", {"name": "exp1", "command": "x"}, {"action": "launch"})
+    memory.record_move(ledger, "old", "box", "rgt", "exp1", 2, {"from": "old", "generation": 2, "attempt": 2,
+                                                              "checkpoint": {"step": 100}, "work_lost_steps": 30})
+    runreport.write_report(tmp_path / "runs", ledger, "exp1", [preempted_doc()], now=T0 + 3600)
+    page = (tmp_path / "runs" / "exp1" / "report.html").read_text()
+    assert ('data-k="moved">moved from old (generation 2, attempt 2, resumed from step 100; work lost 30 steps)<'
+            in page), page[:2000]

@@ -38,8 +38,9 @@ rl = q.rl
 
 # ---------------------------------------------------------------- what may start, and where (pure)
 
-def view(state="never", live=False, attempt=0, slot=None, retry=None):
-    return {"live": live, "state": "live" if live else state, "attempt": attempt, "slot": slot, "retry": retry}
+def view(state="never", live=False, attempt=0, slot=None, retry=None, moved=False):
+    return {"live": live, "state": "live" if live else state, "attempt": attempt, "slot": slot, "retry": retry,
+            "moved": moved}
 
 
 @pytest.mark.parametrize("state", ["never", "preempted", "dead"])
@@ -63,6 +64,22 @@ def test_a_failed_cell_starts_only_when_retry_names_its_last_attempt(failed):
 
 def test_a_live_cell_never_starts():
     assert q.startable(view(live=True, attempt=1, slot=0)) is False
+
+
+@pytest.mark.parametrize("state", ["never", "preempted", "dead"])
+def test_a_cell_moved_to_another_box_never_starts_here(state):
+    assert q.startable(view(state, attempt=1, moved=True)) is False
+
+
+def test_cell_view_sees_the_fence_of_a_move_newer_than_its_job(tmp_path):
+    paths = rl.RunPaths(str(tmp_path), PROJECT, "abl--seed=1")
+    os.makedirs(paths.meta)
+    rl.atomic_write_json(paths.job, {"command": "true", "env": {}})
+    assert q.cell_view(paths)["moved"] is False
+    rl.atomic_write_json(os.path.join(paths.meta, rl.MOVED_MARK), {"moved_to": "b", "generation": 2, "at": 1})
+    assert q.cell_view(paths)["moved"] is True  # its job.json is generation 1: the stale attempt's dir
+    rl.atomic_write_json(paths.job, {"command": "true", "env": {"RGT_GENERATION": "3"}})
+    assert q.cell_view(paths)["moved"] is False  # moved back here later (generation 3): it lives here again
 
 
 CELLS = ["c0", "c1", "c2", "c3"]

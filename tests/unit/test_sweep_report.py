@@ -243,3 +243,17 @@ def test_a_sweep_host_whose_cells_are_remembered_by_name_is_seen_settled():
     doc = {**preempted_doc("b", B), "other_runs": [finished_doc("b", C, 3.0)]}
     assert runreport._host_settled(host, doc, {})
     assert not runreport._host_settled(host, {**doc, "other_runs": []}, {})
+
+
+def test_a_cell_moved_to_another_host_says_so_on_the_sweep_page(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rgt import memory
+
+    ledger = tmp_path / "ledger"
+    memory.record_launch(ledger, "b", "i-b", "proj", {"name": C, "command": "x"}, {"action": "launch", "attempt": 2})
+    memory.record_move(ledger, "a", "b", "proj", C, 2, {"from": "a", "generation": 2, "attempt": 2,
+                                                        "checkpoint": {"step": 20}, "work_lost_steps": 7})
+    write(tmp_path, [finished_doc("a", A, 5.0), preempted_doc("b", B), finished_doc("b", C, 3.0)])
+    page = (tmp_path / "runs" / NAME / "report.html").read_text()
+    assert shown(page, "moved") == [f"{C}: moved from a (generation 2, attempt 2, resumed from step 20; work lost 7 "
+                                    "steps)"]

@@ -51,12 +51,12 @@ def cell_view(paths):
     live = rl.lock_held(paths.lock)
     return {"live": live, "state": "live" if live else rl.last_state(records, exit_doc),
             "attempt": max(started) if started else 0, "slot": slot.get("slot"),
-            "retry": retry.get("after_attempt")}
+            "retry": retry.get("after_attempt"), "moved": bool(rl.fenced(paths))}
 
 
 def startable(view):
     """May this cell be started now (its wrapper is not live)?"""
-    if view["live"]:
+    if view["live"] or view.get("moved"):  # moved: `rgt-run move` took the cell to another box (its fence)
         return False
     return rl.may_start(view["state"], view["retry"] is not None and view["retry"] == view["attempt"])
 

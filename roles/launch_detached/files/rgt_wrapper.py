@@ -76,9 +76,10 @@ def attempt_starts(records):
     return [r for r in records if "started_at" in r]
 
 
-def next_attempt(records):
-    """Attempt number for a new start: the number of start lines in attempts.jsonl + 1."""
-    return len(attempt_starts(records)) + 1
+def next_attempt(records, before=0):
+    """Attempt number for a new start: one more than the highest started in attempts.jsonl, or than `before` (the
+    attempts the run had on its boxes before a move: RGT_ATTEMPTS_BEFORE in the job's env)."""
+    return max(len(attempt_starts(records)), rl.last_attempt(records, before)) + 1
 
 
 def unfinished_attempts(records):
@@ -485,6 +486,11 @@ class Wrapper:
         if not self.job or not self.job.get("command"):
             print("no usable job.json at %s" % self.paths.job, file=sys.stderr)
             return 2
+        mark = rl.fenced(self.paths)
+        if mark:  # `rgt-run move` took the run to another box: never a second live attempt of it
+            print("not started: %s moved to %s (generation %s)" % (self.paths.run_id, mark.get("moved_to"),
+                                                                 mark.get("generation")))
+            return 0
         job = self.job
         self.grace_s = max(0.0, float(job.get("grace_s") or DEFAULTS["grace_s"]))
         heartbeat_s = max(0.2, float(job.get("heartbeat_interval_s") or DEFAULTS["heartbeat_interval_s"]))
@@ -494,7 +500,7 @@ class Wrapper:
             signal.signal(signum, self.on_stop)
 
         records = rl.read_jsonl(self.paths.attempts)
-        self.attempt = next_attempt(records)
+        self.attempt = next_attempt(records, rl.attempts_before(job))
         self.close_previous(records)
         resume_from = select_resume(job, self.paths)
         env = build_env(job, self.paths, self.attempt, resume_from, os.environ)
