@@ -166,3 +166,19 @@ def tmpfs():
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+def plane():
+    """plane(kind, **knobs): a started fake control plane (tests/fakes/control_planes.py), stopped after the test."""
+    from tests.fakes import control_planes
+    made = []
+
+    def _make(kind, **knobs):
+        fake = control_planes.PLANES[kind](**knobs).start()
+        made.append(fake)
+        return fake
+
+    yield _make
+    for fake in made:
+        fake.stop()

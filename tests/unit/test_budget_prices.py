@@ -16,7 +16,6 @@ import yaml
 from rich.console import Console
 
 from rgt import budget, prices
-from tests.fakes import control_planes as fk
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token"
@@ -24,20 +23,6 @@ TOKEN = "test-token"
 
 def profile(name):
     return yaml.safe_load((REPO / "profiles" / f"{name}.yml").read_text())
-
-
-@pytest.fixture
-def plane():
-    made = []
-
-    def _make(kind, **knobs):
-        fake = fk.PLANES[kind](**knobs).start()
-        made.append(fake)
-        return fake
-
-    yield _make
-    for fake in made:
-        fake.stop()
 
 
 def setup(tmp_path, fake, platform="runpod", instance="pod-1", env=None, **kw):

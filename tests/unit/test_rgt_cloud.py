@@ -5,7 +5,6 @@ import time
 import pytest
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_cloud as c
-from tests.fakes import control_planes as fk
 
 TOKEN = "test-token"
 
@@ -16,20 +15,6 @@ def api(client, key_env="RGT_TEST_KEY", base_url_env=None):
 
 def client_for(plane, name, token=TOKEN, **kw):
     return c.make_client(api(name), env={"RGT_TEST_KEY": token}, base_url=plane.url, **kw)
-
-
-@pytest.fixture
-def plane(request):
-    made = []
-
-    def _make(kind, **knobs):
-        fake = fk.PLANES[kind](**knobs).start()
-        made.append(fake)
-        return fake
-
-    yield _make
-    for fake in made:
-        fake.stop()
 
 
 def test_runpod_terminate_is_one_204_delete_then_polls_until_404(plane):
