@@ -18,6 +18,12 @@ wrapper calls `carry_out`, which stops the meter only when every one of these ho
 - every run it covers is on the box, sealed, and its sealed export offloaded and verified
   (`<run_dir>/OFFLOAD_VERIFIED.json` binding the SHA-256 of the manifest now on the box).
 
+Runs of one box that end at the same instant decide one at a time, under a box-wide lock
+(`<durable_root>/.rgt/inbox.lock`, fcntl), each after its own OFFLOAD_VERIFIED is written: a run whose wrapper still
+holds its lock but whose current attempt has its exit.json is on its way out (offload, this rule) and counts by how
+it ended, so the last run to decide sees the others ended and verified, and stops; one that finds the stop already
+made by another run under the same authorisation does not run the command again.
+
 Either way it writes `<run_dir>/.rgt/inbox_stop.json` (atomic): what it did and why. A stop is on record before the
 command runs (`action: stop`), then the command's exit code is added (a command that failed: `stop_failed`).
 Anything else is `refused` with the reasons, and the meter keeps running (the watcher carries out the stop from
@@ -31,6 +37,7 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import calendar
 import hashlib
 import json
 import os
@@ -44,7 +51,9 @@ AUTH_SCHEMA = "rgt/authorisation/v1"
 RECORD_SCHEMA = "rgt/inbox-stop/v1"
 STOP, STOP_FAILED, REFUSED = "stop", "stop_failed", "refused"
 COMMAND_TIMEOUT_S = 120
+LOCK_WAIT_S = 300  # how long a run waits for another run's decision (and its command) before it refuses
 LIVE = ("live", "queued")
+LOCK_NAME = "inbox.lock"
 
 
 def digest(doc):
@@ -185,21 +194,97 @@ def _run_command(argv, timeout):
 
 
 def carry_out(paths, job, environ=None, now=None, run=_run_command, timeout=COMMAND_TIMEOUT_S,
-              proc_environ="/proc/1/environ"):
-    """The wrapper's call after its offload finished (module docstring): decide, record (atomic), and stop the meter
-    when the rule holds. Returns the record, or None when the job did not ask for an in-box stop. Never raises."""
+              proc_environ="/proc/1/environ", lock_wait_s=LOCK_WAIT_S):
+    """The wrapper's call after its offload finished (module docstring): decide under the box lock, record (atomic),
+    and stop the meter when the rule holds. Returns the record, or None when the job did not ask for an in-box stop.
+    Never raises."""
     if not wanted(job):
         return None
-    now = time.time() if now is None else now
     spec = job["inbox_stop"]
+    handle = _box_lock(paths.durable_root, lock_wait_s)
+    try:
+        return _carry_out(paths, spec, environ, time.time() if now is None else now, run, timeout, proc_environ,
+                          handle, lock_wait_s)
+    finally:
+        if handle is not None:
+            handle.close()  # releases the box lock
+
+
+def _box_lock(durable_root, wait_s):
+    """The box-wide lock the in-box decisions take one at a time (module docstring), or None when it could not be
+    taken within wait_s (that run refuses: it never decides beside another)."""
+    path = os.path.join(rl.expand_root(durable_root), ".rgt", LOCK_NAME)
+    try:
+        if not os.path.isdir(os.path.dirname(path)):
+            os.makedirs(os.path.dirname(path))
+        return rl.take_lock(path, retry_s=wait_s)
+    except (IOError, OSError):
+        return None
+
+
+def _settle(box, root, own):
+    """Another run whose wrapper still holds its lock (listed live) but whose current attempt has its exit.json has
+    ended: it counts by how it ended (the rule's reading; the teardown gate's listing is left as it is)."""
+    for run in box.get("runs") or []:
+        key = (str(run.get("project")), str(run.get("run_id")))
+        if run.get("state") != "live" or key == tuple(own):
+            continue
+        try:
+            paths = rl.RunPaths(root, key[0], key[1])
+        except ValueError:
+            continue
+        exit_doc = rl.read_json(paths.exit)
+        if isinstance(exit_doc, dict) and exit_doc.get("attempt") == run.get("attempt"):
+            run["state"] = rl.last_state(rl.read_jsonl(paths.attempts), exit_doc)
+
+
+def _started_ts(paths):
+    """When this run's newest attempt started (epoch seconds), or 0."""
+    for rec in reversed(rl.read_jsonl(paths.attempts)):
+        if isinstance(rec, dict) and rec.get("started_at"):
+            try:
+                return calendar.timegm(time.strptime(str(rec["started_at"]), "%Y-%m-%dT%H:%M:%SZ"))
+            except ValueError:
+                return 0
+    return 0
+
+
+def _stopped_by(box, root, own, sha, since):
+    """The run (project/run_id at when) whose record says it stopped the box's meter under this authorisation since
+    `since` (this run's attempt began: an older stop was undone when the box was started again)."""
+    for run in box.get("runs") or []:
+        key = (str(run.get("project")), str(run.get("run_id")))
+        if key == tuple(own):
+            continue
+        try:
+            record = rl.read_json(record_path(rl.RunPaths(root, key[0], key[1])))
+        except ValueError:
+            continue
+        if (isinstance(record, dict) and record.get("action") == STOP and record.get("authorisation") == sha
+                and isinstance(record.get("ts"), (int, float)) and record["ts"] >= since):
+            return "%s/%s at %s" % (key[0], key[1], record.get("at"))
+    return None
+
+
+def _carry_out(paths, spec, environ, now, run, timeout, proc_environ, handle, lock_wait_s):
+    own = (paths.project, paths.run_id)
+    doc = spec.get("authorisation") if isinstance(spec.get("authorisation"), dict) else {}
     try:
         own_id = own_id_of(spec.get("self_id_env"), environ, proc_environ)
+        root = rl.expand_root(paths.durable_root)
         box = rgt_boxlist.list_box(paths.durable_root, [])
+        _settle(box, root, own)
         own_state = rl.last_state(rl.read_jsonl(paths.attempts), rl.read_json(paths.exit))
-        stop, reasons, runs = decide(spec, box, (paths.project, paths.run_id), own_state, own_id, now)
+        stop, reasons, runs = decide(spec, box, own, own_state, own_id, now)
+        if handle is None:
+            stop, reasons = False, ["another run's in-box decision held the box lock (%s/.rgt/%s) for over %d s"
+                                    % (root, LOCK_NAME, lock_wait_s)] + reasons
+        elif stop:
+            made = _stopped_by(box, root, own, doc.get("sha256"), _started_ts(paths))
+            if made:
+                stop, reasons = False, ["the box's meter stop was already made by run %s" % made]
     except Exception as exc:  # a rule that broke never stops a meter
         stop, reasons, runs, own_id = False, ["the in-box rule failed: %s" % exc], [], None
-    doc = spec.get("authorisation") if isinstance(spec.get("authorisation"), dict) else {}
     record = {"schema": RECORD_SCHEMA, "run_id": paths.run_id, "project": paths.project,
               "instance_id": doc.get("instance_id"), "own_id": own_id, "authorisation": doc.get("sha256"),
               "at": _iso(now), "ts": now, "runs": runs, "command": list(spec.get("command") or [])}

@@ -276,6 +276,26 @@ def inbox_at_launch(ledger: Path, hosts: list, pending: dict | None, down: bool 
     return out or None
 
 
+def inbox_for_relaunch(ledger: Path, hosts: list) -> dict | None:
+    """What a relaunch (watch's auto_resume, a sweep's queue started again) puts back onto each box that asks for
+    an in-box stop: the ledger's own authorisation of its instance, when it is intact, unexpired, made with in_box
+    and covers every run the host relaunches (else nothing: that attempt leaves the stop to the watcher, as ever).
+    The same copy train --down wrote into job.json; never a new authorisation."""
+    out: dict[str, dict] = {}
+    for host in hosts:
+        iid = str(host.instance_id)
+        in_box = (host.profile.get("meter_stop") or {}).get("in_box") or {}
+        if not _stop_box(host) or not in_box.get("allowed") or iid in out:
+            continue
+        doc = read_json(auth_path(ledger, iid))
+        if problem(doc, iid) is not None or not doc.get("in_box"):
+            continue
+        if not {(r["project"], r["run_id"]) for r in _host_runs(host)} <= covered(doc):
+            continue
+        out[iid] = {"authorisation": doc, "command": list(in_box["command"]), "self_id_env": in_box["self_id"]["env"]}
+    return out or None
+
+
 def record_launch(ledger: Path, hosts: list, pending: dict | None, code: int, console: Console) -> None:
     """After the launch: keep each confirmed instance's authorisation (only when the launch went well), merging
     the runs of an earlier intact one of the same instance: the very document a box that stops its own meter
@@ -337,6 +357,8 @@ def tick(args: argparse.Namespace, console: Console, ledger: Path, hosts: list, 
         on_record = _stop_on_record(ledger, iid, names)
         if not on_record and _box_stop_seen(console, ledger, iid, names, latest, mine):
             on_record = True  # the box stopped its own meter: the same stop in flight, polled here, never called
+        if not on_record and _box_stopped_unseen(console, ledger, iid, names, latest, mine):
+            continue  # the box stopped before a poll saw its record: the platform says so; a receipt, no call
         if not on_record and not _ended(latest, names):
             _ended_at.pop(iid, None)
             continue
@@ -384,6 +406,51 @@ def _box_stop_seen(console: Console, ledger: Path, iid: str, names: list[str], l
         atomic_write_json(ledger / "teardown" / f"{name}.json", record)
     console.print(f"[bold]rgt[/bold] {escape(iid)}: {escape(printable(_inbox.describe(box) or ''))}; polling the "
                   "platform until it reports the stop (never calling it again)")
+    return True
+
+
+def _box_stopped_unseen(console: Console, ledger: Path, iid: str, names: list[str], latest: dict[str, dict],
+                        hosts: list) -> bool:
+    """A box authorised to stop its own meter that powered off before any status poll saw its record shows as
+    unreachable. Then the platform's API is asked, read-only (never a stop): when it reports the instance stopped
+    (the profile client's terminal state), the receipt says the box made the stop and its record was not seen,
+    with what still bills, and the watcher is done with that instance. Any other answer (running, no API, no key,
+    no answer): nothing, as before."""
+    doc = read_json(auth_path(ledger, iid))
+    if not isinstance(doc, dict) or not doc.get("in_box") or problem(doc, iid) is not None:
+        return False
+    if not names or not hosts or any((latest.get(n) or {}).get("state") != "unreachable" for n in names):
+        return False
+    meter = hosts[0].profile.get("meter_stop") or {}
+    api = meter.get("api")
+    if not isinstance(api, dict) or not api.get("client"):
+        return False
+    cloud = paths.module_util("rgt_cloud")
+    try:
+        client = cloud.make_client(api, http_timeout=10.0, max_retry_after=5.0)
+        state = client.state(iid)
+    except Exception:  # noqa: BLE001 - no word from the API is no word: the box stays unreachable
+        return False
+    if not client.gone(state, True):
+        return False
+    now = time.time()
+    receipt = {"schema": "rgt/meter-stop-receipt/v1", "instance_id": iid, "hosts": doc["hosts"],
+               "profile": doc.get("profile"), "verb": meter.get("verb") or doc.get("verb"),
+               "label": meter.get("label") or doc.get("label"), "status": "done",
+               "final_state": client.done_label, "platform_state": state, "stopped_at": _iso(now),
+               "stopped_ts": now, "authorisation": doc["sha256"],
+               "by": "the box itself (its record unseen)",
+               "runs": [{"project": r.get("project"), "run_id": r.get("run_id"), "state": None,
+                         "pull": "not seen: the box stopped before a status poll saw its record; it stops only "
+                                 "after its sealed export is offloaded and verified (rgt-run pull fetches it from "
+                                 "the offload target)"} for r in doc.get("runs") or []],
+               "calls": [], "keeps_billing": list(meter.get("keeps_billing") or []),
+               "clocks": list(meter.get("starts_clocks") or [])}
+    atomic_write_json(receipt_path(ledger, iid), receipt)
+    console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} (the platform "
+                  f"says {escape(str(state))}; by the box itself, its record not seen: it went off before a status "
+                  f"poll; no call made here; receipt {escape(str(receipt_path(ledger, iid)))})")
+    _still_billing(console, receipt)
     return True
 
 
@@ -499,6 +566,11 @@ def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, ou
     console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} "
                   f"({'by the box itself, ' if receipt.get('by') else ''}authorised at launch; receipt "
                   f"{escape(str(receipt_path(ledger, iid)))})")
+    _still_billing(console, receipt)
+
+
+def _still_billing(console: Console, receipt: dict) -> None:
+    """What a receipt re-lists after the stop: what keeps billing and the clocks it started (the profile's words)."""
     for line in receipt["keeps_billing"]:
         console.print(f"  [yellow]still billing:[/yellow] {escape(line)}")
     for line in receipt["clocks"]:

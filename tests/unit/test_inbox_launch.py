@@ -4,6 +4,7 @@ that refuses an in-box stop; otherwise the box's copy is the very authorisation 
 watcher's side: it leaves the box to decide, and a stop the box made becomes a stop in flight (polled, never
 called)."""
 
+import argparse
 import json
 
 import pytest
@@ -88,3 +89,69 @@ def test_a_stop_the_box_made_becomes_a_stop_in_flight_on_the_teardown_record(tmp
     record = json.loads((tmp_path / "teardown" / "box.json").read_text())
     assert rgt_cloud.record_state(record, "adl-1") == rgt_cloud.RECORD_IN_FLIGHT and record["calls"] == []
     assert unattended._stop_on_record(tmp_path, "adl-1", ["box"])
+
+
+def _recorded(tmp_path, made):
+    down = pending()
+    unattended.inbox_at_launch(tmp_path, [made], down)
+    unattended.record_launch(tmp_path, [made], down, 0, Console(quiet=True))
+    return down["adl-1"]["doc"]
+
+
+def test_a_box_that_went_off_before_a_poll_saw_its_record_gets_a_receipt_and_never_a_call(tmp_path, plane,
+                                                                                          monkeypatch):
+    fake = plane("autodl", token="adl-token")
+    fake.add_instance("adl-1")
+    monkeypatch.setenv("AUTODL_TOKEN", "adl-token")
+    made = host()
+    made.profile["meter_stop"]["api"]["base_url"] = fake.url
+    doc = _recorded(tmp_path, made)
+    gone = {"box": {"state": "unreachable"}}
+    say = Console(quiet=True)
+    # the platform says it still runs (the box is only unreachable): nothing, the watcher waits as before
+    assert not unattended._box_stopped_unseen(say, tmp_path, "adl-1", ["box"], gone, [made])
+    # a box that answers is judged on its own records, whatever the platform says
+    fake.instances["adl-1"]["status"] = "shutdown"
+    assert not unattended._box_stopped_unseen(say, tmp_path, "adl-1", ["box"], {"box": {"state": "finished"}},
+                                              [made])
+    args = argparse.Namespace(follow=False)
+    unattended.tick(args, say, tmp_path, [made], gone)
+    receipt = json.loads(unattended.receipt_path(tmp_path, "adl-1").read_text())
+    assert receipt["by"] == "the box itself (its record unseen)" and receipt["status"] == "done"
+    assert receipt["final_state"] == "stopped" and receipt["platform_state"] == "shutdown"
+    assert receipt["authorisation"] == doc["sha256"] and receipt["calls"] == []
+    assert receipt["keeps_billing"] == made.profile["meter_stop"]["keeps_billing"]
+    assert [r["run_id"] for r in receipt["runs"]] == ["r1"] and "not seen" in receipt["runs"][0]["pull"]
+    assert fake.mutating_calls() == []  # read-only: never a stop from here
+    assert unattended._done(tmp_path, "adl-1")
+
+
+def test_an_unseen_stop_needs_an_intact_in_box_authorisation(tmp_path, plane, monkeypatch):
+    fake = plane("autodl", token="adl-token")
+    fake.add_instance("adl-1", status="shutdown")
+    monkeypatch.setenv("AUTODL_TOKEN", "adl-token")
+    made = host()
+    made.profile["meter_stop"]["api"]["base_url"] = fake.url
+    doc = _recorded(tmp_path, made)
+    edited = dict(doc, runs=doc["runs"] + [{"project": "proj", "run_id": "r9", "host": "box"}])
+    unattended.auth_path(tmp_path, "adl-1").write_text(json.dumps(edited))  # by hand: the SHA-256 left as it was
+    assert not unattended._box_stopped_unseen(Console(quiet=True), tmp_path, "adl-1", ["box"],
+                                              {"box": {"state": "unreachable"}}, [made])
+    assert not unattended.receipt_path(tmp_path, "adl-1").exists()
+
+
+def test_a_relaunch_carries_the_ledgers_own_in_box_authorisation_back_onto_the_box(tmp_path):
+    made = host()
+    assert unattended.inbox_for_relaunch(tmp_path, [made]) is None  # nothing authorised: nothing carried
+    doc = _recorded(tmp_path, made)
+    copy = unattended.inbox_for_relaunch(tmp_path, [made])
+    assert copy == {"adl-1": {"authorisation": doc, "command": ["/usr/bin/shutdown"],
+                              "self_id_env": "AutoDLContainerUUID"}}
+    other = host()
+    other.vars["rgt_job"] = {**other.vars["rgt_job"], "name": "r-not-covered"}
+    assert unattended.inbox_for_relaunch(tmp_path, [other]) is None  # a run the authorisation does not cover
+    plain = host(offload={"to": "s3t:rgt/off"})
+    assert unattended.inbox_for_relaunch(tmp_path, [plain]) is None  # the job no longer asks for stop_box
+    path = unattended.auth_path(tmp_path, "adl-1")
+    path.write_text(json.dumps(dict(doc, expires_ts=doc["created_ts"])))  # edited (and expired): refused
+    assert unattended.inbox_for_relaunch(tmp_path, [made]) is None

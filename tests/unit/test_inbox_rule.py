@@ -197,3 +197,58 @@ def test_the_own_id_comes_from_the_environment_else_the_containers_own(tmp_path)
 def test_the_ledger_and_the_box_check_the_same_digest():
     doc = authorisation(["r1"])
     assert unattended.digest(doc) == rgt_inbox.digest(doc) == doc["sha256"]
+
+
+def _wrapper_end(box, run_id, doc, barrier, results):
+    """One run's wrapper at its end, in a process of its own: it holds its run lock, as the wrapper does, and calls
+    the rule the instant the other does."""
+    paths = rl.RunPaths(str(box["durable"]), "proj", run_id)
+    held = rl.take_lock(paths.lock)
+    try:
+        barrier.wait(timeout=30)
+        results.put((run_id, carry(box, paths, job_of(box, doc))))
+    finally:
+        held.close()
+
+
+def test_two_runs_that_end_in_the_same_instant_stop_the_meter_once_not_never(box):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    names = ["r1", "r2"]
+    for name in names:
+        make_run(box["durable"], name)
+    doc = authorisation(names)  # the copy both runs of one --down launch carry
+    for _ in range(3):  # the same race, thrice (which run wins varies; the outcome may not)
+        for name in names:
+            record = os.path.join(rl.RunPaths(str(box["durable"]), "proj", name).meta, "inbox_stop.json")
+            if os.path.exists(record):
+                os.remove(record)
+        box["calls"].unlink(missing_ok=True)
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_wrapper_end, args=(box, n, doc, barrier, results)) for n in names]
+        for proc in procs:
+            proc.start()
+        got = dict(results.get(timeout=60) for _ in procs)
+        for proc in procs:
+            proc.join(30)
+        assert calls(box) == ["shutdown "], got
+        actions = sorted(r["action"] for r in got.values())
+        assert actions == ["refused", "stop"], got
+        winner = next(n for n, r in got.items() if r["action"] == "stop")
+        refused = next(r for r in got.values() if r["action"] == "refused")
+        assert refused["reasons"] == ["the box's meter stop was already made by run proj/%s at %s"
+                                      % (winner, got[winner]["at"])], refused
+
+
+def test_a_run_waits_for_the_box_lock_and_refuses_when_it_stays_held(box):
+    own = make_run(box["durable"], "r1")
+    lock = os.path.join(str(box["durable"]), ".rgt", "inbox.lock")
+    os.makedirs(os.path.dirname(lock), exist_ok=True)
+    held = rl.take_lock(lock)
+    try:
+        record = carry(box, own, job_of(box, authorisation(["r1"])), lock_wait_s=0.2)
+    finally:
+        held.close()
+    assert record["action"] == "refused" and "held the box lock" in record["reasons"][0] and calls(box) == []
+    assert carry(box, own, job_of(box, authorisation(["r1"])))["action"] == "stop"
