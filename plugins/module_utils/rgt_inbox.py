@@ -215,25 +215,29 @@ def _box_lock(durable_root, wait_s):
     taken within wait_s (that run refuses: it never decides beside another)."""
     path = os.path.join(rl.expand_root(durable_root), ".rgt", LOCK_NAME)
     try:
-        if not os.path.isdir(os.path.dirname(path)):
-            os.makedirs(os.path.dirname(path))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         return rl.take_lock(path, retry_s=wait_s)
     except (IOError, OSError):
         return None
 
 
+def _others(box, root, own):
+    """(run, its RunPaths) for every listed run on the box but this one (`own`: (project, run_id))."""
+    for run in box.get("runs") or []:
+        key = (str(run.get("project")), str(run.get("run_id")))
+        if key == tuple(own):
+            continue
+        try:
+            yield run, rl.RunPaths(root, key[0], key[1])
+        except ValueError:
+            continue
+
+
 def _settle(box, root, own):
     """Another run whose wrapper still holds its lock (listed live) but whose current attempt has its exit.json has
     ended: it counts by how it ended (the rule's reading; the teardown gate's listing is left as it is)."""
-    for run in box.get("runs") or []:
-        key = (str(run.get("project")), str(run.get("run_id")))
-        if run.get("state") != "live" or key == tuple(own):
-            continue
-        try:
-            paths = rl.RunPaths(root, key[0], key[1])
-        except ValueError:
-            continue
-        exit_doc = rl.read_json(paths.exit)
+    for run, paths in _others(box, root, own):
+        exit_doc = rl.read_json(paths.exit) if run.get("state") == "live" else None
         if isinstance(exit_doc, dict) and exit_doc.get("attempt") == run.get("attempt"):
             run["state"] = rl.last_state(rl.read_jsonl(paths.attempts), exit_doc)
 
@@ -252,17 +256,11 @@ def _started_ts(paths):
 def _stopped_by(box, root, own, sha, since):
     """The run (project/run_id at when) whose record says it stopped the box's meter under this authorisation since
     `since` (this run's attempt began: an older stop was undone when the box was started again)."""
-    for run in box.get("runs") or []:
-        key = (str(run.get("project")), str(run.get("run_id")))
-        if key == tuple(own):
-            continue
-        try:
-            record = rl.read_json(record_path(rl.RunPaths(root, key[0], key[1])))
-        except ValueError:
-            continue
+    for _run, paths in _others(box, root, own):
+        record = rl.read_json(record_path(paths))
         if (isinstance(record, dict) and record.get("action") == STOP and record.get("authorisation") == sha
                 and isinstance(record.get("ts"), (int, float)) and record["ts"] >= since):
-            return "%s/%s at %s" % (key[0], key[1], record.get("at"))
+            return "%s/%s at %s" % (paths.project, paths.run_id, record.get("at"))
     return None
 
 

@@ -324,11 +324,11 @@ def _launch(args: argparse.Namespace, console: Console, ledger: Path, choose, na
         console.print(f"[red]cannot relaunch[/red] {', '.join(names)}: {playbook} does not exist")
         return errors.FAILED
     all_hosts, extravars = prepare_hosts(args, "launch_detached", choose)
-    inbox = unattended.inbox_for_relaunch(ledger, [h for h in all_hosts if h.name in names])
+    hosts = [h for h in all_hosts if h.name in names]
+    inbox = unattended.inbox_for_relaunch(ledger, hosts)
     if inbox:  # the box's copy of its authorisation (train --down) goes back into the relaunched job.json
         extravars = {**extravars, "rgt_inbox_stop": inbox}
-    codes = [engine.relaunch(args, console, mine, extravars, ledger)
-             for engine, mine in split([h for h in all_hosts if h.name in names])]
+    codes = [engine.relaunch(args, console, mine, extravars, ledger) for engine, mine in split(hosts)]
     return errors.worst(codes)
 
 

@@ -271,9 +271,14 @@ def inbox_at_launch(ledger: Path, hosts: list, pending: dict | None, down: bool 
         item = pending[iid]
         if "doc" not in item:
             item["doc"] = build_doc(ledger, hosts, iid, item, now, in_box=True)
-        out[iid] = {"authorisation": item["doc"], "command": list(in_box["command"]),
-                    "self_id_env": in_box["self_id"]["env"]}
+        out[iid] = _box_copy(item["doc"], in_box)
     return out or None
+
+
+def _box_copy(doc: dict, in_box: dict) -> dict:
+    """The box's copy of its authorisation (job.json's `inbox_stop`): the ledger's document, the profile's in-box
+    command and how the box knows its own id."""
+    return {"authorisation": doc, "command": list(in_box["command"]), "self_id_env": in_box["self_id"]["env"]}
 
 
 def inbox_for_relaunch(ledger: Path, hosts: list) -> dict | None:
@@ -292,7 +297,7 @@ def inbox_for_relaunch(ledger: Path, hosts: list) -> dict | None:
             continue
         if not {(r["project"], r["run_id"]) for r in _host_runs(host)} <= covered(doc):
             continue
-        out[iid] = {"authorisation": doc, "command": list(in_box["command"]), "self_id_env": in_box["self_id"]["env"]}
+        out[iid] = _box_copy(doc, in_box)
     return out or None
 
 
@@ -433,24 +438,15 @@ def _box_stopped_unseen(console: Console, ledger: Path, iid: str, names: list[st
         return False
     if not client.gone(state, True):
         return False
-    now = time.time()
-    receipt = {"schema": "rgt/meter-stop-receipt/v1", "instance_id": iid, "hosts": doc["hosts"],
-               "profile": doc.get("profile"), "verb": meter.get("verb") or doc.get("verb"),
-               "label": meter.get("label") or doc.get("label"), "status": "done",
-               "final_state": client.done_label, "platform_state": state, "stopped_at": _iso(now),
-               "stopped_ts": now, "authorisation": doc["sha256"],
-               "by": "the box itself (its record unseen)",
-               "runs": [{"project": r.get("project"), "run_id": r.get("run_id"), "state": None,
-                         "pull": "not seen: the box stopped before a status poll saw its record; it stops only "
-                                 "after its sealed export is offloaded and verified (rgt-run pull fetches it from "
-                                 "the offload target)"} for r in doc.get("runs") or []],
-               "calls": [], "keeps_billing": list(meter.get("keeps_billing") or []),
-               "clocks": list(meter.get("starts_clocks") or [])}
-    atomic_write_json(receipt_path(ledger, iid), receipt)
-    console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} (the platform "
-                  f"says {escape(str(state))}; by the box itself, its record not seen: it went off before a status "
-                  f"poll; no call made here; receipt {escape(str(receipt_path(ledger, iid)))})")
-    _still_billing(console, receipt)
+    item = {"profile": doc.get("profile"), "verb": meter.get("verb") or doc.get("verb"),
+            "label": meter.get("label") or doc.get("label"), "keeps_billing": list(meter.get("keeps_billing") or []),
+            "clocks": list(meter.get("starts_clocks") or []),
+            "gate": {"runs": [{"project": r.get("project"), "run_id": r.get("run_id"),
+                               "pull": "not seen: the box stopped before a status poll saw its record; it stops "
+                                       "only after its sealed export is offloaded and verified (rgt-run pull "
+                                       "fetches it from the offload target)"} for r in doc.get("runs") or []]}}
+    _receipt(console, ledger, iid, doc, item, {"final_state": client.done_label, "calls": []},
+             extra={"by": "the box itself (its record unseen)", "platform_state": state})
     return True
 
 
@@ -545,7 +541,10 @@ def _carry_out(args: argparse.Namespace, console: Console, ledger: Path, iid: st
                                                    if m)], notifier, names)
 
 
-def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, outcome: dict) -> None:
+def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, outcome: dict,
+             extra: dict | None = None) -> None:
+    """The meter-stop receipt (atomic) and its lines; `extra` (a stop seen only on the platform's API: who made it,
+    the platform's state) goes over what the ledger's records say."""
     gate = item.get("gate") or {}
     receipt = {"schema": "rgt/meter-stop-receipt/v1", "instance_id": iid, "hosts": doc["hosts"],
                "profile": item.get("profile"), "verb": item.get("verb"), "label": item.get("label"),
@@ -562,10 +561,13 @@ def _receipt(console: Console, ledger: Path, iid: str, doc: dict, item: dict, ou
                        runs=receipt["runs"] or [{"project": r.get("project"), "run_id": r.get("run_id"),
                                                  "state": r.get("state"), "pull": "export offloaded to "
                                                  + str(r.get("offload"))} for r in box.get("runs") or []])
+    receipt.update(extra or {})
     atomic_write_json(receipt_path(ledger, iid), receipt)
+    said = (f"the platform says {receipt['platform_state']}, no call made here; " if receipt.get("platform_state")
+            else "")
     console.print(f"[green]meter stopped[/green]: {escape(iid)} {escape(str(receipt['final_state']))} "
-                  f"({'by the box itself, ' if receipt.get('by') else ''}authorised at launch; receipt "
-                  f"{escape(str(receipt_path(ledger, iid)))})")
+                  f"({escape(said)}{'by ' + escape(receipt['by']) + ', ' if receipt.get('by') else ''}authorised at "
+                  f"launch; receipt {escape(str(receipt_path(ledger, iid)))})")
     _still_billing(console, receipt)
 
 
