@@ -10,7 +10,7 @@ the controller CPU of one watch tick (user+sys of this process and its ssh child
 --play the old path, one monitor.yml run through ansible-runner (rgt.observe.poll_play).
 With --compare DIR, `rgt-run status --json` of another checkout (PYTHONPATH=DIR/runner: its runner and collection)
 is measured in the same rounds too.
-Usage: python bench/status_bench.py [--hosts 16] [--rounds 5] [--play] [--compare DIR]
+Usage: python bench/status_bench.py [--hosts 16] [--rounds 5] [--play] [--compare DIR] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--play", action="store_true", help="also time the monitor play (the path before the round)")
     ap.add_argument("--start-workers", type=int, default=4, help="stubs started at once")
     ap.add_argument("--compare", metavar="DIR", help="also time another checkout's rgt-run status (its runner/)")
+    ap.add_argument("--profile", metavar="FILE", help="after the rounds, one fresh rgt-run status under cProfile")
     args = ap.parse_args()
     sh.ensure_image()
     tag = sh.session_tag("rgtb")
@@ -182,6 +183,9 @@ def main() -> int:
             play = statistics.median([play_poll() for _ in range(max(1, args.rounds // 2))])
             result["monitor_play_median_s"] = round(play, 3)
             result["ratio_play_vs_mux_python_round"] = round(play / med["floor"], 2)
+        if args.profile:  # where a fresh process's time goes: python -m pstats FILE
+            subprocess.run([sys.executable, "-m", "cProfile", "-o", args.profile, "-m", "rgt.cli", "status", "-i",
+                            str(inv), "--json"], capture_output=True, env=env, cwd=REPO, check=True)
         print(json.dumps(result))
         print(f"rgt-run status --json on {args.hosts} stubs: median {med['rgt']:.2f} s; multiplexed python3 round: "
               f"{med['floor']:.2f} s; ratio {med['rgt'] / med['floor']:.2f}x; the round in-process "

@@ -30,14 +30,15 @@ from rgt.inventory import load_hosts
 from rgt.ledger import append_jsonl, atomic_write_json, read_json
 from rgt.safetext import printable
 
-_cloud = paths.module_util("rgt_cloud")
 _offload = paths.module_util("rgt_offload")
 _states = paths.module_util("rgt_states")
 
 SCHEMA = "rgt/automove/v1"
 # what the platform's API says of a box that is gone for good: rgt_cloud's `gone` (a 404, RunPod's TERMINATED,
-# Lambda's terminated, ...), and the words a client may pass on as they are
-PLATFORM_GONE = (_cloud.GONE, "terminated", "unavailable")
+# Lambda's terminated, ...; tests/unit/test_start_cost.py holds the two equal), and the words a client may pass on as
+# they are. rgt_cloud itself is imported only when an API is asked: its HTTP helper (ansible's urls, ~0.1 s) is no
+# part of a status or watch tick whose boxes all answer.
+PLATFORM_GONE = ("gone", "terminated", "unavailable")
 API_TIMEOUT_S = 10.0
 
 
@@ -76,7 +77,8 @@ def platform_state(host) -> str | None:
     if not isinstance(api, dict) or not api.get("client") or not host.instance_id:
         return None
     try:
-        return _cloud.make_client(api, http_timeout=API_TIMEOUT_S, max_retry_after=5.0).state(str(host.instance_id))
+        client = paths.module_util("rgt_cloud").make_client(api, http_timeout=API_TIMEOUT_S, max_retry_after=5.0)
+        return client.state(str(host.instance_id))
     except Exception:  # noqa: BLE001 - no word from the API is no word: move_after_s still counts
         return None
 
