@@ -14,12 +14,14 @@ One home for the offload's rules, box side and controller side:
   from: `newest_verified_checkpoint(run_dir)`), `health` (what status shows and when it raises attention);
 - the box's pusher for an rclone remote (`Offloader`, run by the job wrapper in a thread of its own).
 
-Target layout: <to>/<project>/<run_id>/checkpoints/<entry name>/ holds the entry under its own name and
-MANIFEST.sha256 (sha256sum format, paths relative to that directory). A copy counts (ok and verified) only when
-`rclone hashsum sha256 --download` of the target directory, which reads the target's bytes back, matches every line
-of the manifest and nothing else is there. Credentials never reach an argv: rclone runs inside bash after the box's
+Target layout: <base>/checkpoints/<entry name>/ holds the entry under its own name and MANIFEST.sha256 (sha256sum
+format, paths relative to that directory). A copy counts (ok and verified) only when `rclone hashsum sha256
+--download` of the target directory, which reads the target's bytes back, matches every line of the manifest and
+nothing else is there. Credentials never reach an argv: rclone runs inside bash after the box's
 0600 secrets file is sourced (the remote is configured by RCLONE_CONFIG_<REMOTE>_* variables, or by the box's own
-rclone.conf); argv holds the remote's name and paths only.
+rclone.conf); argv holds the remote's name and paths only. <base> is `run_base`: <to>/<project>/<run_id> for a run
+never moved, <to>/<project>/<run_id>/gen<N> for generation N >= 2 (`rgt-run move`), so the attempt of an older
+generation left on a box that comes back never writes, overwrites or prunes where the run's current one does.
 
 Python 3.6+, stdlib only (bundled into the wrapper by module_utils/rgt_bundle).
 """
@@ -51,6 +53,12 @@ RCLONE_TIMEOUT_S = 3600
 RCLONE_FLAGS = ["--retries", "1", "--low-level-retries", "2", "--contimeout", "10s", "--timeout", "60s"]
 REMOTE_RE = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_-]{0,63}):(\S*)$")
 _STEP_RE = re.compile(r"(\d+)")
+
+
+def run_base(to, project, run_id, generation=1):
+    """Where generation `generation` of a run keeps its copies on the target (the module docstring's layout)."""
+    base = "%s/%s/%s" % ((to or "").rstrip("/"), project, run_id)
+    return base if int(generation or 1) <= 1 else "%s/gen%d" % (base, int(generation))
 
 
 # ---------------------------------------------------------------- the job spec's field
@@ -608,7 +616,7 @@ class Offloader(object):
         self.attempt = attempt
         self.clock = clock
         self.settle_s = settle_s
-        self.base = "%s/%s/%s" % ((self.conf or {}).get("to", "").rstrip("/"), project, run_id)
+        self.base = run_base((self.conf or {}).get("to"), project, run_id, rl.generation_of(job))
         self.rclone = rclone
         self.next_at = 0.0
         last = newest_verified(read_records(run_dir))
@@ -706,9 +714,14 @@ class Offloader(object):
                                 signature=[list(x) for x in sig], took_s=round(self.clock() - started, 3)))
 
     def prune(self):
-        """Delete the checkpoints this run copied beyond the newest `keep` from the target (never the export)."""
-        for name in beyond_keep(read_records(self.run_dir), self.conf["keep"]):
+        """Delete the checkpoints this run copied beyond the newest `keep` from the target (never the export).
+        Only this generation's own: the checkpoint a move resumed from stays where its generation put it."""
+        records = read_records(self.run_dir)
+        where = dict((r.get("name"), r.get("dest")) for r in records if r.get("kind") == "checkpoint")
+        for name in beyond_keep(records, self.conf["keep"]):
             dest = "%s/checkpoints/%s" % (self.base, name)
+            if where.get(name) not in (None, dest):
+                continue
             rc, _out, err = self.rclone.run("purge", dest)
             self.record({"kind": "prune", "name": name, "dest": dest, "ok": rc == 0,
                          "reason": None if rc == 0 else "rclone purge failed (rc %s): %s" % (rc, err)})

@@ -104,37 +104,80 @@ def _verify(entry_dir: Path) -> tuple[dict | None, str | None]:
     return (None, why) if why else (expected, None)
 
 
-def fetch_checkpoint(to: str, project: str, run_id: str, stage: Path) -> dict:
-    """Fetch the newest checkpoint of the run on the offload target that verifies into `stage`/ckpt/<entry>
-    (newest step first; one that does not verify is skipped and named). Returns {name, step, dest, files,
-    manifest_sha256, skipped}. Raises InputError (exit 2) when the target cannot be listed or holds no verified
-    checkpoint of the run."""
-    base = f"{to.rstrip('/')}/{project}/{run_id}/checkpoints"
-    rc, listed, err = _rclone("lsf", "--dirs-only", base + "/", timeout=120)
-    if rc != 0:
-        raise InputError(f"the offload target of {run_id} cannot be listed: rclone lsf {base}: {err}",
+def lineage(ledger: Path, project: str, run_id: str, generation: int) -> list[tuple[int, dict | None]]:
+    """[(generation, bound)] of the run's copies a move from generation `generation` may resume from, newest first:
+    that generation's own (no bound), then each older one's up to the checkpoint the next one resumed from (`bound`:
+    its move's {name, step}, the tightest over the later moves). An older generation's copies past that point are
+    its stale attempt's work after the run left it (a box that came back): never the run's lineage."""
+    moves = {}
+    for rec in paths.module_util("rgt_runlayout").read_jsonl(str(ledger / MOVES)):
+        if rec.get("run_id") == run_id and rec.get("project") in (None, project) and rec.get("generation"):
+            moves[int(rec["generation"])] = rec.get("checkpoint") or {}
+    out, bound = [(generation, None)], None
+    for gen in range(generation - 1, 0, -1):
+        ckpt = moves.get(gen + 1)
+        if ckpt is None:  # a generation whose move the ledger does not hold: nothing older is known to be its own
+            break
+        if bound is None or (ckpt.get("step") is not None and bound.get("step") is not None
+                             and ckpt["step"] < bound["step"]):
+            bound = {"name": ckpt.get("name"), "step": ckpt.get("step")}
+        out.append((gen, bound))
+    return out
+
+
+def _within(name: str, bound: dict | None) -> bool:
+    if bound is None:
+        return True
+    step = _offload.step_of(name)
+    return name == bound.get("name") or (step is not None and bound.get("step") is not None
+                                         and step <= bound["step"])
+
+
+def fetch_checkpoint(to: str, project: str, run_id: str, stage: Path,
+                     lineage: list[tuple[int, dict | None]] | None = None) -> dict:
+    """Fetch the newest checkpoint of the run on the offload target that verifies into `stage`/ckpt/<entry>: the
+    lineage's generations in order (default: a run never moved), each newest step first; one that does not verify
+    is skipped and named. Returns {name, step, dest, files, manifest_sha256, skipped, generation}. Raises
+    InputError (exit 2) when the target cannot be listed or holds no verified checkpoint of the run."""
+    skipped = []
+    listed_any = False
+    errs = []
+    for gen, bound in lineage or [(1, None)]:
+        base = _offload.run_base(to, project, run_id, gen) + "/checkpoints"
+        rc, listed, err = _rclone("lsf", "--dirs-only", base + "/", timeout=120)
+        if rc != 0:
+            errs.append(f"rclone lsf {base}: {err}")
+            continue
+        listed_any = True
+        names = [n.rstrip("/") for n in listed.splitlines() if n.strip()]
+        names.sort(key=lambda n: (_offload.step_of(n) or -1, n), reverse=True)
+        for name in names:
+            if not _within(name, bound):
+                skipped.append(f"generation {gen}'s {name}: written after the run moved on from step "
+                               f"{bound.get('step')} (its stale attempt's work)")
+                continue
+            dl = stage / "dl" / f"gen{gen}" / name
+            rc, _out, err = _rclone("copy", f"{base}/{name}", str(dl))
+            if rc != 0:
+                skipped.append(f"{name}: rclone copy failed: {err}")
+                continue
+            sums, why = _verify(dl)
+            if sums is None:
+                skipped.append(f"{name}: {why}")
+                continue
+            ckpt = stage / "ckpt"
+            ckpt.mkdir(parents=True, exist_ok=True)
+            os.replace(dl / name, ckpt / name)
+            return {"name": name, "step": _offload.step_of(name), "dest": f"{base}/{name}", "files": len(sums),
+                    "manifest_sha256": _offload.sha256_file(str(dl / _offload.MANIFEST)), "skipped": skipped,
+                    "generation": gen}
+    if not listed_any:
+        raise InputError(f"the offload target of {run_id} cannot be listed: {'; '.join(errs)}",
                          fix="check that the variables named in "
                          "rgt_job.offload.credentials are exported in this shell and the target is reachable",
                          field="rgt_job.offload.to")
-    names = [n.rstrip("/") for n in listed.splitlines() if n.strip()]
-    names.sort(key=lambda n: (_offload.step_of(n) or -1, n), reverse=True)
-    skipped = []
-    for name in names:
-        dl = stage / "dl" / name
-        rc, _out, err = _rclone("copy", f"{base}/{name}", str(dl))
-        if rc != 0:
-            skipped.append(f"{name}: rclone copy failed: {err}")
-            continue
-        sums, why = _verify(dl)
-        if sums is None:
-            skipped.append(f"{name}: {why}")
-            continue
-        ckpt = stage / "ckpt"
-        ckpt.mkdir(parents=True, exist_ok=True)
-        os.replace(dl / name, ckpt / name)
-        return {"name": name, "step": _offload.step_of(name), "dest": f"{base}/{name}", "files": len(sums),
-                "manifest_sha256": _offload.sha256_file(str(dl / _offload.MANIFEST)), "skipped": skipped}
     where = f" ({'; '.join(skipped)[:400]})" if skipped else ""
+    base = _offload.run_base(to, project, run_id)
     raise InputError(f"{run_id} has no verified offloaded checkpoint on {base}{where}", fix="a run moves only from "
                      "a checkpoint its offload copied and verified (rgt-run status shows the newest); without one "
                      "it cannot resume elsewhere", field="RUN")
@@ -216,7 +259,9 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
                 if isinstance(host.vars.get("rgt_job"), dict):
                     host.vars = {**host.vars, "rgt_job": {**host.vars["rgt_job"], "run_id": args.run}}
         project = hosts[0].project
-        got = fetch_checkpoint(_offload.settings(job)["to"], entry.get("project") or project, args.run, stage)
+        run_project = entry.get("project") or project
+        got = fetch_checkpoint(_offload.settings(job)["to"], run_project, args.run, stage,
+                               lineage(ledger, run_project, args.run, generation - 1))
         for skipped in got["skipped"]:
             console.print(f"[yellow]skipped[/yellow] a newer copy that does not verify: {escape(skipped)}")
         last = _old_last_step(ledger, old, args.run)
