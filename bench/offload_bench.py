@@ -2,7 +2,7 @@
 
 1. Offload rate vs a bare `rclone copy`: the same checkpoint entry to the same S3 target (`rclone serve s3` on this
    machine, tests/fakes/s3.py), the bare copy alone vs the offloader's whole copy (hashing, the copy, the manifest,
-   the read-back verification). Medians of --rounds, interleaved.
+   the verification: the MD5 the target reports, else a read-back). Medians of --rounds, interleaved.
 2. Step-rate cost: a CPU-bound job writing a checkpoint every --ckpt-every-s seconds (atomic rename), its steps per
    second with no offload vs with the offloader pushing every --every s from another process, as the wrapper's thread
    does (the wrapper is its own process).
@@ -125,7 +125,7 @@ def main() -> None:
             sf = secrets_file(tmp, s3.env("s3t"))
             bare, ours = rate_ratio(tmp, s3, sf, args.mib, args.rounds)
             print(f"rate: {args.mib} MiB entry: bare rclone copy {bare:.2f} s, offload (hash + copy + manifest + "
-                  f"read-back) {ours:.2f} s: offload moves {bare / ours:.2f}x the bare rate")
+                  f"verification) {ours:.2f} s: offload moves {bare / ours:.2f}x the bare rate")
             if not args.skip_steps:
                 base = step_rate(tmp, s3, sf, False, args)
                 with_off = step_rate(tmp, s3, sf, True, args)

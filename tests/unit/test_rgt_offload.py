@@ -175,7 +175,7 @@ def test_the_pusher_copies_verifies_prunes_and_keeps_the_secret_out_of_argv(tmp_
             _write(ckpt / f"step_{step}" / "model.bin", os.urandom(2048 + step))
             os.utime(ckpt / f"step_{step}", (step, step))
             record = pusher.tick()
-            assert record["ok"] and record["verified"], record
+            assert record["ok"] and record["verified"] and record["verify"] == "md5 by the target", record
             assert record["step"] == step and record["dest"] == f"s3t:rgt/offloads/proj/r1/checkpoints/step_{step}"
             assert pusher.tick() is None  # `every` not over yet
             clock.now += 5
@@ -203,8 +203,9 @@ def test_the_pusher_copies_verifies_prunes_and_keeps_the_secret_out_of_argv(tmp_
 
 
 @pytest.mark.parametrize("when,reason", [
-    ("before", "not verified: step_5/model.bin differs on the target"),  # the target got other bytes than hashed
-    ("after", "not verified: step_5 changed during the copy"),  # the target got the hashed ones, the entry moved on
+    # the upload and the hash run at once: the entry's signature after both is not the one it was picked with
+    ("before", "step_5 changed while it was hashed and copied"),  # the target got other bytes than picked
+    ("after", "step_5 changed while it was hashed and copied"),  # the target got the picked ones, the entry moved on
 ])
 def test_a_checkpoint_rewritten_while_its_copy_runs_is_never_counted_and_leaves_nothing_on_the_target(
         tmp_path, when, reason):
@@ -231,6 +232,23 @@ def test_a_checkpoint_rewritten_while_its_copy_runs_is_never_counted_and_leaves_
         assert record["reason"].startswith(reason), record
         assert not (s3.bucket_dir() / "o" / "proj" / "r2" / "checkpoints" / "step_5").exists()
         assert off.newest_verified_checkpoint(str(run_dir)) is None
+
+
+def test_a_target_that_computes_no_md5_has_every_copy_read_back(tmp_path):
+    """rclone's crypt remote over a local dir reports no hash of its objects: the copy is verified by reading it
+    back (SHA-256), never counted unverified."""
+    obscured = subprocess.run([rclone_binary(), "obscure", "not-a-secret"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    secrets_file = _secrets_file(tmp_path, {"RCLONE_CONFIG_ENC_TYPE": "crypt", "RCLONE_CONFIG_ENC_PASSWORD": obscured,
+                                            "RCLONE_CONFIG_ENC_REMOTE": str(tmp_path / "sealed")})
+    run_dir = tmp_path / "run"
+    _write(run_dir / "ckpt" / "step_7" / "model.bin", os.urandom(4096))
+    spec = {"command": "true", "secrets_file": secrets_file, "offload": {"to": "enc:rgt", "every": 5}}
+    pusher = off.Offloader(str(run_dir), "proj", "r3", spec, clock=_Clock(), settle_s=0,
+                           rclone=off.Rclone(rclone_binary(), secrets_file))
+    record = pusher.tick()
+    assert record["ok"] and record["verified"] and record["verify"] == "sha256 read back", record
+    assert off.newest_verified_checkpoint(str(run_dir))["name"] == "step_7"
 
 
 def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_lists_the_copy(tmp_path):
