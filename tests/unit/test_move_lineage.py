@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from types import SimpleNamespace
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_offload as off
-from rgt import move
+from rgt import move, offloadpull
 from tests.fakes.s3 import rclone_binary
 
 
@@ -105,3 +106,12 @@ def test_a_moved_runs_pusher_writes_and_prunes_only_its_own_generations_copies(t
     assert sorted(p.name for p in gen1.iterdir()) == ["step_10"]  # not its generation's: never pruned by it
     pruned = [r["name"] for r in off.read_records(str(run_dir)) if r["kind"] == "prune"]
     assert pruned == ["step_20"]
+
+
+def test_a_moved_runs_export_is_fetched_from_its_generations_base():
+    host = SimpleNamespace(name="spare", project="proj", vars={})
+    offload = {"to": "s3t:b/rgt"}
+    runs = [{"run_id": "r1", "job": {"offload": offload, "env": {"RGT_GENERATION": "2"}}},
+            {"run_id": "r2", "job": {"offload": offload}}]
+    got = [t[3] for t in offloadpull.targets([host], lambda _h: runs)]
+    assert got == ["s3t:b/rgt/proj/r1/gen2/export", "s3t:b/rgt/proj/r2/export"]
