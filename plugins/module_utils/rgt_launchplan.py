@@ -73,15 +73,7 @@ def omp_threads(explicit, job, scheduler, slots=1, quota=cgroup_cpu_quota):
     return omp
 
 
-def free_gib(path):
-    probe = path
-    while probe and not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    st = os.statvfs(probe or "/")
-    return st.f_bavail * st.f_frsize / float(1 << 30), probe
+free_gib = rl.free_gib  # (free GiB, the directory measured): the disk gate and watch's spare check
 
 
 def wrapper_alive(paths, pid_doc, current_incarnation):

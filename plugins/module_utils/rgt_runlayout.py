@@ -496,6 +496,83 @@ def fenced(paths):
     return mark if newer else None
 
 
+# A run moved back to a box it once left (A -> B -> A): the run dir there still holds what its older generation
+# wrote, maybe checkpoints its stale attempt made after the run left. `rgt-run move` sets that generation's
+# checkpoints and offload records aside (moved, never deleted) before it places the checkpoint it verified, so the
+# new attempt resumes from that one (rgt.move.set_aside, through the status round's `supersede`).
+SUPERSEDED_DIR = "superseded"  # <run_dir>/superseded/gen<N>-<UTC>/: what generation N left there
+SUPERSEDED_MARK = "superseded.json"  # <run_dir>/.rgt/superseded.json: the generation the last set-aside made room for
+STALE_PARTS = ("ckpt", "offload.jsonl")  # rgt_offload.RECORDS: an older generation's checkpoints and their copies
+
+
+def set_aside_stale(paths, generation, now=None):
+    """Before generation `generation` of a run is launched in `paths`' run dir: when an older generation left it
+    (its job.json), that generation's ckpt/ and offload.jsonl are moved into <run_dir>/superseded/gen<N>-<UTC>/
+    and .rgt/superseded.json records it. Idempotent: a run dir whose generation (job.json, or an earlier set-aside
+    for it, the mark) is not older is left as it is, so a move run again never sets aside the checkpoint it placed.
+    ValueError when that older generation's wrapper is still alive there (fence it first). Returns {run_dir,
+    generation (the run dir's, None when no attempt ran there), set_aside (the directory, or None), moved}."""
+    out = {"run_dir": paths.run_dir, "generation": None, "set_aside": None, "moved": []}
+    job = read_json(paths.job)
+    if not isinstance(job, dict):
+        return out  # no attempt ran here: a checkpoint in ckpt/ can only be the one a move placed
+    out["generation"] = old = generation_of(job)
+    mark = read_json(os.path.join(paths.meta, SUPERSEDED_MARK))
+    done = mark.get("generation") if isinstance(mark, dict) and isinstance(mark.get("generation"), int) else 0
+    if max(old, done) >= int(generation):
+        return out
+    if lock_held(paths.lock):
+        raise ValueError("the attempt of generation %d still runs in %s: it must be stopped first (rgt-run watch "
+                         "fences it once the box answers)" % (old, paths.run_dir))
+    parts = [p for p in STALE_PARTS if os.path.lexists(os.path.join(paths.run_dir, p))]
+    if parts:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+        dest = base = os.path.join(paths.run_dir, SUPERSEDED_DIR, "gen%d-%s" % (old, stamp))
+        n = 1
+        while os.path.lexists(dest):
+            n += 1
+            dest = "%s-%d" % (base, n)
+        os.makedirs(dest)
+        for part in parts:
+            os.rename(os.path.join(paths.run_dir, part), os.path.join(dest, part))
+        fsync_dir(dest)
+        fsync_dir(paths.run_dir)
+        out.update(set_aside=dest, moved=parts)
+    atomic_write_json(os.path.join(paths.meta, SUPERSEDED_MARK),
+                      {"generation": int(generation), "from_generation": old, "set_aside": out["set_aside"],
+                       "moved": parts, "at": time.time() if now is None else now})
+    return out
+
+
+def free_gib(path):
+    """(free GiB for an unprivileged writer, the directory measured): `path`, or its nearest parent that exists."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    st = os.statvfs(probe or "/")
+    return st.f_bavail * st.f_frsize / float(1 << 30), probe
+
+
+def spare_check(durable_root):
+    """Could a run start under `durable_root` here (`rgt-run watch` looks at a spare before it moves a run there):
+    {root, measured (the root, or its nearest parent that exists: a spare may not have made it yet), writable,
+    free_gib, why (None, or why a file cannot be made there)}. Writes one empty file there and removes it."""
+    root = expand_root(durable_root)
+    free, measured = free_gib(root)
+    out = {"root": root, "measured": measured, "writable": False, "free_gib": round(free, 3), "why": None}
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rgt-spare-", dir=measured)
+        os.close(fd)
+        os.unlink(tmp)
+        out["writable"] = True
+    except (IOError, OSError) as exc:
+        out["why"] = "%s: %s" % (measured, exc.strerror or exc)
+    return out
+
+
 def attempts_before(job):
     """The attempts a moved run had on its earlier boxes (`rgt-run move` puts RGT_ATTEMPTS_BEFORE in its env), 0."""
     try:

@@ -16,6 +16,11 @@ of JSON arguments on stdin (never in argv).
   newest complete checkpoint of one run as rgt_offload picks it (two looks agree), hashed on the box, its signature
   looked at again after hashing; with ``name``, only that entry's signature now (``offload: to: controller``,
   runner/rgt/offload.py: read-only).
+- ``op: supersede``: ``{"superseded": {run_dir, generation, set_aside, moved}}``: rgt_runlayout.set_aside_stale
+  for one run before `rgt-run move` launches ``generation`` of it here (a run moved back to a box it once left:
+  the older generation's ckpt/ and offload.jsonl set aside, never deleted).
+- ``op: spare``: ``{"spare": {root, measured, writable, free_gib, why}}``: rgt_runlayout.spare_check of a durable
+  root (`rgt-run watch`, before it moves a run to a spare; one empty file written and removed).
 - ``op: log``: rgt_logread.stream: a header line, then the log's bytes (``rgt-run logs``).
 
 A ValueError from the arguments is ``{"failed": true, "msg": ...}`` and exit 1. Python 3.6+, stdlib only.
@@ -91,6 +96,12 @@ def main():
             doc = budget_hold(params)
         elif op == "offload_pick":
             doc = offload_pick(params)
+        elif op == "supersede":
+            paths = rgt_runlayout.RunPaths(rgt_runlayout.expand_root(params["durable_root"]), params["project"],
+                                           params["run_id"])  # ValueError: a bad name
+            doc = {"superseded": rgt_runlayout.set_aside_stale(paths, int(params["generation"]))}
+        elif op == "spare":
+            doc = {"spare": rgt_runlayout.spare_check(params["durable_root"])}
         else:
             doc = {"status": rgt_statusdoc.status_document(params)}
     except ValueError as exc:

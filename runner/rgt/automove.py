@@ -5,8 +5,11 @@ Once per tick, for each host of the tick that holds such a run and did not answe
 platform's API (the profile's meter_stop.api client, read-only `state`, the key from this shell) says it is
 terminated or unavailable, or when it has not answered for move_after_s. Then the run moves, with `rgt-run move`'s
 own function (rgt.move: the newest verified offloaded checkpoint, the fence on the old box), to the first free
-spare: a host of the inventory the ledger knows no run on, not tried for this run before. No free spare: a line
-and one reminder per outage (notify `moved`). Each move is a line, an event and a notification (`moved`).
+spare: a host of the inventory the ledger knows no run on, not tried for this run before, that passes a look (one
+SSH call of the status round, `spare`: it answers, its durable root takes a file, its free disk meets the job's
+disk_floor_gib; one that fails is skipped for this tick: a line, a `spare_skipped` event, one notification per
+outage). No free spare: a line and one reminder per outage (notify `moved`). Each move is a line, an event and a
+notification (`moved`).
 
 `<ledger>/automove/<host>.json` (atomic, schema rgt/automove/v1) keeps when the host was first seen unreachable
 (a restarted watcher goes on counting) and, per run, the move: `moving` (written before the move: a watcher
@@ -24,10 +27,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from rgt import errors, memory, move, paths
+from rgt import errors, memory, move, paths, sshround
 from rgt.errors import InputError
 from rgt.inventory import load_hosts
 from rgt.ledger import append_jsonl, atomic_write_json, read_json
+from rgt.plan import DEFAULT_DISK_FLOOR_GIB
 from rgt.safetext import printable
 
 _offload = paths.module_util("rgt_offload")
@@ -40,6 +44,7 @@ SCHEMA = "rgt/automove/v1"
 # part of a status or watch tick whose boxes all answer.
 PLATFORM_GONE = ("gone", "terminated", "unavailable")
 API_TIMEOUT_S = 10.0
+SPARE_TIMEOUT_S = 60.0  # one look at a spare: its connect, the zipapp shipped the first time, one file made
 
 
 def opted_in(job: dict | None) -> dict | None:
@@ -68,6 +73,39 @@ def decide(reachable: bool, platform: str | None, first_unreachable_at: float | 
 def first_free(spares: list[str], own: str, unavailable: set[str]) -> str | None:
     """The first spare, in the job's order, that is not the run's host and not unavailable (busy, tried, taken)."""
     return next((s for s in spares if s != own and s not in unavailable), None)
+
+
+def spare_problem(answer: dict | None, floor_gib: float | None, why_none: str = "") -> str | None:
+    """Why a spare cannot take the run now, or None. Pure: `answer` is the spare's `spare` look (module_util
+    rgt_runlayout.spare_check: {root, measured, writable, free_gib, why}), None when it did not answer (`why_none`
+    says what ssh said); `floor_gib` the job's disk_floor_gib (its launch's disk gate; 0 or None: no floor)."""
+    if not isinstance(answer, dict):
+        return f"it does not answer ({why_none or 'no answer'})"
+    if not answer.get("writable"):
+        return f"its durable root {answer.get('root')} is not writable ({answer.get('why') or 'no file can be made'})"
+    free = answer.get("free_gib")
+    if floor_gib and (not isinstance(free, (int, float)) or free < floor_gib):
+        return f"{free} GiB free on {answer.get('measured') or answer.get('root')}, below the job's disk floor of " \
+               f"{floor_gib:g} GiB"
+    return None
+
+
+def look_at_spare(inventory: str, host, extravars: dict | None = None) -> tuple[dict | None, str]:
+    """The spare's `spare` look over one SSH call of the status round (rgt.sshround: its pinned connection, the
+    status zipapp): (its answer, or None with what ssh said). A spare only Ansible can reach is not looked at:
+    ({"writable": True, "not_looked_at": why}, "") lets the move's own play find out."""
+    durable = sshround.durable_root_of(host)
+    if not durable or sshround.templated(durable):
+        return {"writable": True, "not_looked_at": "no durable root the runner can read"}, ""
+    try:
+        target = sshround.target_for(inventory, host, extravars)
+    except ValueError as exc:
+        return {"writable": True, "not_looked_at": str(exc)}, ""
+    doc, answer = sshround.ask(target, "spare", {"durable_root": durable}, timeout=SPARE_TIMEOUT_S)
+    spare = (doc or {}).get("spare")
+    if isinstance(spare, dict):
+        return spare, ""
+    return None, (doc or {}).get("msg") or sshround.first_line(answer.stderr) or f"rc {answer.rc}"
 
 
 def platform_state(host) -> str | None:
@@ -108,8 +146,10 @@ def runs_of(host) -> list[dict]:
 class Watcher:
     """watch's automatic move: `tick` once per watch tick, after the poll."""
 
-    def __init__(self, args: argparse.Namespace, console: Console, ledger: Path, notifier, events: Path):
+    def __init__(self, args: argparse.Namespace, console: Console, ledger: Path, notifier, events: Path,
+                 extravars: dict | None = None):
         self.args, self.console, self.ledger, self.notifier, self.events = args, console, ledger, notifier, events
+        self.extravars = extravars or {}
         self.left: set[str] = set()  # old hosts every opted-in run of which moved away
         self._inventory: dict | None = None
 
@@ -176,6 +216,9 @@ class Watcher:
                     unavailable = set(mine.get("tried") or []) | taken
                     unavailable |= {s for s in settings["spares"] if s not in unavailable and self._busy(s)}
                     spare = first_free(settings["spares"], name, unavailable)
+                    while spare is not None and self._skip(name, run_id, spare, run["job"], state):
+                        unavailable.add(spare)  # for this tick: the next tick looks at it again
+                        spare = first_free(settings["spares"], name, unavailable)
                 if spare is None:
                     self._remind(name, run_id, state, why, settings["spares"])
                     continue
@@ -203,6 +246,30 @@ class Watcher:
             if all(self._moved(state, r["run_id"]) for r in runs):
                 self.left.add(name)
         return done
+
+    def _skip(self, name: str, run_id: str, spare: str, job: dict, state: dict) -> bool:
+        """Look at the spare before the run moves there (one SSH call): one that does not answer, whose durable
+        root is not writable or has less free disk than the job's floor is skipped this tick, with a line, a
+        `spare_skipped` event and a notification once per outage and spare."""
+        host = self._hosts().get(spare)
+        floor = job.get("disk_floor_gib")
+        floor = DEFAULT_DISK_FLOOR_GIB if floor is None else float(floor)
+        answer, said = look_at_spare(self.args.inventory, host, self.extravars) if host is not None else (None, "")
+        problem = spare_problem(answer, floor, said)
+        if problem is None:
+            return False
+        self.console.print(f"[yellow]{escape(name)}: {escape(run_id)}: the spare {escape(spare)} is skipped this "
+                           f"tick: {escape(printable(problem))}[/yellow]; the next free spare is tried")
+        append_jsonl(self.events, {"t": time.time(), "event": "spare_skipped", "host": name, "run_id": run_id,
+                                   "spare": spare, "reason": problem, "automatic": True})
+        mine = state["runs"].setdefault(run_id, {})
+        noted = mine.setdefault("spares_skipped", {})
+        if noted.get(spare) != state.get("first_unreachable_at"):  # once per outage and spare
+            noted[spare] = state.get("first_unreachable_at")
+            self._save(name, state)
+            self._notify(name, f"spare_skipped:{name}:{run_id}:{spare}:{state.get('first_unreachable_at')}", run_id,
+                         f"its box is gone: the spare {spare} was skipped ({problem})")
+        return True
 
     @staticmethod
     def _moved(state: dict, run_id: str) -> bool:

@@ -5,7 +5,8 @@ The controller fetches the checkpoint from the offload target with rclone (the r
 no rclone and no target credentials of its own for this), checks every file against the MANIFEST.sha256 that was
 made on the old box, and `playbooks/move.yml` ships the code (upload_resume, as train does), sends the checkpoint
 into the new run dir's `ckpt/` with the same pinned rsync and verifies it there file by file, then starts the run:
-the wrapper resumes from the newest complete checkpoint under `ckpt/` (RGT_RESUME_FROM). Every input is checked,
+the wrapper resumes from the newest complete checkpoint under `ckpt/` (RGT_RESUME_FROM); a run moved back to a box
+it once left has what its older generation left in that run dir set aside first (`set_aside`). Every input is checked,
 and the checkpoint fetched and verified, before any box is touched: bad input is exit 2 with nothing changed.
 
 The ledger records the move (rgt.memory: the old host's entry gets `moved_to`, the new host's `moved_from` and the
@@ -37,6 +38,7 @@ from rgt.inventory import load_hosts
 from rgt.ledger import append_jsonl, ledger_dir
 from rgt.phases import run_playbook
 from rgt.prepare import prepare
+from rgt.safetext import printable
 
 _offload = paths.module_util("rgt_offload")
 _states = paths.module_util("rgt_states")
@@ -198,6 +200,29 @@ def attempts_before(ledger: Path, host: str, entry: dict) -> int:
     return max([n for n in known if isinstance(n, int)] + [0])
 
 
+def set_aside(inventory: str, host, extravars: dict, project: str, run_id: str, generation: int
+              ) -> tuple[dict | None, str | None]:
+    """Before generation `generation` of the run is launched on `host`: a run dir of the run an older generation
+    left there (the run moves back to a box it once left) has its ckpt/ and offload.jsonl set aside, never deleted
+    (module_util rgt_runlayout.set_aside_stale, one call of the status round): the new attempt then resumes from
+    the checkpoint this move placed, not from one the stale attempt wrote after the run left. (what the box did,
+    None) or (None, why the run dir could not be looked at: the move stops there). A host the runner cannot reach
+    itself (a connection only Ansible can make, an engine not over SSH) is not looked at: ({}, None)."""
+    durable = sshround.durable_root_of(host)
+    if not engines.engine_of(host.profile).over_ssh or not durable or sshround.templated(durable):
+        return {}, None
+    try:
+        target = sshround.target_for(inventory, host, extravars)
+    except ValueError:
+        return {}, None
+    doc, answer = sshround.ask(target, "supersede", {"durable_root": durable, "project": project, "run_id": run_id,
+                                                     "generation": generation})
+    if doc is None or not isinstance(doc.get("superseded"), dict):
+        why = (doc or {}).get("msg") or sshround.first_line(answer.stderr) or f"no answer (rc {answer.rc})"
+        return None, f"the run dir of {run_id} on {host.name} could not be looked at: {why}"
+    return doc["superseded"], None
+
+
 def check_input(args: argparse.Namespace, ledger: Path) -> tuple[str, dict, object]:
     """(old host, its entry of the run, the new inventory host) or InputError naming the field."""
     runs = find_run(ledger, args.run)
@@ -280,6 +305,19 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
                           "attempt": before}
         extravars["rgt_move"] = {"local_dir": str(stage / "ckpt"), "files_from": str(stage / "ckpt.files"),
                                  "offload_record": offload_record}
+        # back on a box it once left: what the older generation left in the run dir there is set aside first
+        superseded, why = set_aside(args.inventory, hosts[0], extravars, run_project, args.run, generation)
+        if why is not None:
+            console.print(f"[red]not moved[/red]: {escape(printable(why))} ({escape(args.run)} stays on "
+                          f"{escape(old)} in the ledger)")
+            console.print(f"exit {errors.FAILED}")
+            output.emit({"command": "move", "run_id": args.run, "from": old, "to": args.to, "error": why,
+                         "exit_code": errors.FAILED}, args.json)
+            return errors.FAILED
+        if superseded.get("set_aside"):
+            console.print(f"{escape(args.to)}: what generation {superseded['generation']} of {escape(args.run)} "
+                          f"left there ({escape(', '.join(superseded['moved']))}) set aside in "
+                          f"{escape(superseded['set_aside'])}: the run resumes from the checkpoint moved here")
         ledger = ledger_dir(args.ledger)
         result = run_playbook(paths.PLAYBOOKS_DIR / "move.yml", args.inventory, hosts, ledger=ledger,
                               console=console, extravars=extravars, limit=args.to, quiet=not args.verbose,
@@ -293,6 +331,8 @@ def cmd_move(args: argparse.Namespace, console: Console) -> int:
               "generation": generation, "attempts_before": before, "attempt": report.get("attempt"),
               "checkpoint": {k: got[k] for k in ("name", "step", "dest", "manifest_sha256")},
               "old_last_step": last, "work_lost_steps": lost,
+              "superseded": {k: superseded[k] for k in ("generation", "set_aside", "moved")}
+              if superseded.get("set_aside") else None,
               "at": datetime.now(UTC).isoformat(timespec="seconds"), "state": state}
     if result.exit_code != errors.OK or not _states.is_live(state):
         why = ((outcome.messages if outcome else None) or ["the launch failed"])[-1][:600]

@@ -352,6 +352,22 @@ def roster_round(inventory: str, hosts: list[Host], extravars: dict | None, proj
     return {name: roster for name, roster in found.items() if roster}
 
 
+def ask(target: Target, op: str, params: dict, timeout: float = ANSWER_TIMEOUT_S) -> tuple[dict | None, Answer]:
+    """One `op` of the status zipapp (module_utils/rgt_statusround) on one box: (its JSON answer, or None when the
+    box gave none, and the raw answer: rc 255 with no output is a box that did not answer)."""
+    answer = run_cached(target, (json.dumps({"op": op, **params}) + "\n").encode(), timeout)
+    try:
+        doc = json.loads(answer.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        doc = None
+    return (doc if isinstance(doc, dict) else None), answer
+
+
+def durable_root_of(host: Host) -> str | None:
+    """The host's durable root as the launch takes it: rgt_durable_root, else its profile's."""
+    return host.vars.get("rgt_durable_root") or ((host.profile or {}).get("roots") or {}).get("durable")
+
+
 def can_round(inventory: str, host: Host, extravars: dict | None = None) -> bool:
     """False for a host only Ansible can reach (templated connection or status arguments)."""
     try:

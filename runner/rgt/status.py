@@ -395,7 +395,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     code = errors.OK
     notifier = None if watching.follow else _watch_notifier(ledger, hosts, extravars, console)
     budgets = None if watching.follow else budget.Watcher(args, console, ledger, hosts, extravars, notifier)
-    moves = None if watching.follow else automove.Watcher(args, console, ledger, notifier, events)
+    moves = None if watching.follow else automove.Watcher(args, console, ledger, notifier, events, extravars)
     console.print(f"[bold]rgt watch[/bold] {len(hosts)} host(s), every {interval:g} s, at most {max_ticks} ticks "
                   "(dead runs are reported, never relaunched)")
     while ticks < max_ticks and schedule.active():

@@ -2,7 +2,8 @@
 (`rclone serve s3`, tests/fakes/s3.py); its box freezes mid-run (`podman pause`: gone for the controller, its
 attempt still in memory); `move` to a second stub resumes it there from the newest verified copy, and it completes
 with weights byte-identical to an uninterrupted run; the old box comes back with its attempt alive: watch stops that
-stale attempt (only it) and says so; the credentials in no argv, log, ledger or --json. One run, several
+stale attempt (only it) and says so; moved back there, the checkpoints that stale attempt left are set aside and
+the run resumes from the verified copy; the credentials in no argv, log, ledger or --json. One run, several
 assertions."""
 
 import json
@@ -28,12 +29,14 @@ def boxes(stub_fleet):
     sh.podman("unpause", rp.container, check=False)
     for stub in (rp, adl):
         stub.exec(["bash", "-c", "pkill -f '[r]gt/active/' || true; tmux kill-server 2>/dev/null || true"])
+    adl.exec(["rm", "-f", "/usr/local/bin/rclone"])
 
 
 def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_stale_attempt_is_fenced(
         rgt, stub_fleet, boxes, tmp_path):
     rp, adl = boxes
-    sh.podman("cp", rclone_binary(), f"{rp.container}:/usr/local/bin/rclone")
+    for stub in (rp, adl):  # adl offloads its generation too: the run moves back from there
+        sh.podman("cp", rclone_binary(), f"{stub.container}:/usr/local/bin/rclone")
     with S3Server(tmp_path / "s3", bind=_gateway(rp)) as s3:
         env = s3.env("s3m")
         spec = job("mv", steps=STEPS, sleep=0.1, offload={"to": "s3m:rgt/off", "every": 5, "keep": 2,
@@ -76,7 +79,7 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
 
         # status follows the run to adl and says where it went
         looked = rgt("status", "-i", inv, "--json", timeout=240)
-        assert looked.rc in (0, 5), looked.stderr  # 5: adl's own offload has no rclone there (attention)
+        assert looked.rc in (0, 5), looked.stderr  # 5: an attention on adl
         assert list(json.loads(looked.stdout)["hosts"]) == ["adl"], looked.stdout
         assert f"rp: mv moved to adl (generation 2, work lost {doc['work_lost_steps']} steps)" in looked.stderr
 
@@ -103,7 +106,26 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
         fenced = json.loads((rgt.ledger / "runs" / "rp.json").read_text())["runs"]["rgt/mv"]
         assert fenced["fence"]["was_live"] is True and fenced["fenced_at"]
 
+        # moved back to rp: the checkpoints its stale attempt wrote there after the run left (and one planted
+        # newest of all) are set aside, never resumed from; the new attempt resumes from adl's verified copy
+        box(rp, f"cd {RUNS}/mv/ckpt && cp \"$(ls -t step_* | head -1)\" step_99999990.ckpt")
+        back = rgt("move", "-i", inv, "mv", "--to", "rp", "--json", env=env, timeout=600)
+        assert back.rc == 0, back.stderr + back.stdout
+        home = json.loads(back.stdout)
+        aside = home["superseded"]
+        assert (home["from"], home["generation"], aside["generation"], aside["moved"]) == ("adl", 3, 1, [
+            "ckpt", "offload.jsonl"]), home
+        assert aside["set_aside"].startswith(f"{RUNS}/mv/superseded/gen1-"), aside
+        assert "step_99999990.ckpt" in box(rp, f"ls {aside['set_aside']}/ckpt").split()
+        assert box(rp, f"ls {RUNS}/mv/ckpt").split()[0] == home["checkpoint"]["name"]
+        resumed = json.loads(box(rp, f"grep resume_from {RUNS}/mv/.rgt/attempts.jsonl | tail -1"))
+        assert resumed["resume_from"] == f"{RUNS}/mv/ckpt/{home['checkpoint']['name']}", resumed
+        assert json.loads(box(rp, f"head -1 {RUNS}/mv/offload.jsonl"))["moved_from"] == "adl"
+        moves = [json.loads(line) for line in (rgt.ledger / "moves.jsonl").read_text().splitlines()]
+        assert moves[-1]["superseded"] == aside
+
         texts = [launched.stdout, launched.stderr, moved.stdout, moved.stderr, watched.stdout, watched.stderr,
+                 back.stdout, back.stderr,
                  box(adl, f"cat {NEW_RUNS}/mv/logs/* {NEW_RUNS}/mv/.rgt/job.json {NEW_RUNS}/mv/.rgt/attempts.jsonl")]
         texts += [p.read_text(errors="replace") for p in rgt.ledger.rglob("*") if p.is_file()]
         assert not any(s3.secret_key in text for text in texts)

@@ -4,11 +4,13 @@ pure decision), which spare a run goes to, and the tick over a real ledger with 
 spare, a failed move tries the next spare, and no free spare is said once per outage."""
 
 import argparse
+import json
+import os
 from types import SimpleNamespace
 
 import pytest
 
-from rgt import automove, errors, memory
+from rgt import automove, errors, memory, paths
 
 OFFLOAD = {"to": "s3:b/p", "spares": ["sp1", "sp2"], "move_after_s": 300}
 JOB = {"name": "r1", "command": "true", "offload": OFFLOAD}
@@ -41,6 +43,32 @@ def test_only_a_job_with_spares_and_an_rclone_target_opted_in():
     assert automove.opted_in({"offload": {"to": "s3:b"}}) is None and automove.opted_in(None) is None
 
 
+@pytest.mark.parametrize(("answer", "floor", "words"), [
+    ({"root": "/d", "measured": "/d", "writable": True, "free_gib": 5.0}, 1.0, None),
+    ({"root": "/d", "measured": "/d", "writable": True, "free_gib": 5.0}, 0, None),  # 0: no floor (the disk gate's)
+    ({"root": "/d", "measured": "/", "writable": True, "free_gib": 0.4}, 1.0,
+     "0.4 GiB free on /, below the job's disk floor of 1 GiB"),
+    ({"root": "/d", "writable": False, "why": "/d: Read-only file system"}, 1.0,
+     "its durable root /d is not writable (/d: Read-only file system)"),
+    (None, 1.0, "it does not answer (Connection refused)"),
+])
+def test_a_spare_that_does_not_answer_cannot_write_its_durable_root_or_lacks_the_disk_floor_is_a_problem(
+        answer, floor, words):
+    assert automove.spare_problem(answer, floor, "Connection refused") == words
+
+
+def test_the_spare_look_writes_and_measures_the_durable_root_or_its_nearest_parent(tmp_path):
+    layout = paths.module_util("rgt_runlayout")
+    got = layout.spare_check(str(tmp_path / "not" / "made"))
+    assert got["writable"] and got["measured"] == str(tmp_path) and got["free_gib"] > 0
+    assert list(tmp_path.iterdir()) == []  # the file it made is gone
+    tmp_path.chmod(0o500)
+    try:
+        assert os.geteuid() == 0 or not layout.spare_check(str(tmp_path))["writable"]
+    finally:
+        tmp_path.chmod(0o700)
+
+
 def _host(name):
     return SimpleNamespace(name=name, project="rgt", instance_id=f"i-{name}", profile={}, vars={}, overlay={})
 
@@ -63,7 +91,16 @@ def world(tmp_path, monkeypatch):
         return code
 
     world_codes: list[int] = []
+    spares = {}  # spare: its look (rgt_runlayout.spare_check), None for one that does not answer; default healthy
+    looked = []
+
+    def fake_look(inventory, host, extravars=None):
+        looked.append(host.name)
+        answer = spares.get(host.name, {"root": "/d", "measured": "/d", "writable": True, "free_gib": 50.0})
+        return answer, "" if answer else "ssh: connect to host sp1 port 22: Connection refused"
+
     monkeypatch.setattr(automove.move, "cmd_move", fake_move)
+    monkeypatch.setattr(automove, "look_at_spare", fake_look)
     monkeypatch.setattr(automove, "platform_state", lambda host: platform["state"])
     monkeypatch.setattr(automove.Watcher, "_hosts", lambda self: inventory)
 
@@ -73,7 +110,8 @@ def world(tmp_path, monkeypatch):
                                 tmp_path / "events.jsonl")
 
     return SimpleNamespace(ledger=ledger, old=old, moves=moves, platform=platform, codes=world_codes,
-                           watcher=watcher, inventory=inventory)
+                           watcher=watcher, inventory=inventory, spares=spares, looked=looked, events=tmp_path /
+                           "events.jsonl")
 
 
 def test_an_unreachable_box_is_counted_across_watcher_restarts_and_its_run_moves_once(world, monkeypatch):
@@ -137,3 +175,33 @@ def test_mid_move_resume_and_no_free_spare_reminds_once(world, tmp_path):
     for _ in range(2):
         assert w2.tick({"b": {"state": "unreachable"}}, {"b": b}) == []
     assert sent == [("b", "moved")] and world.moves == ["sp2"]
+
+
+def test_a_spare_that_fails_its_look_is_skipped_this_tick_said_and_notified_once_and_the_next_is_tried(world):
+    world.platform["state"] = "gone"
+    world.spares["sp1"] = None  # down
+    sent = []
+    w = world.watcher()
+    w.notifier = SimpleNamespace(queue=lambda host, kind, event_id, view, detail: sent.append((kind, detail)))
+    assert w.tick({"old": {"state": "unreachable"}}, {"old": world.old})[0]["to"] == "sp2"
+    assert world.looked == ["sp1", "sp2"] and world.moves == ["sp2"]
+    events = [json.loads(line) for line in world.events.read_text().splitlines()]
+    assert [(e["event"], e.get("spare")) for e in events] == [("spare_skipped", "sp1"), ("moved", None)]
+    assert events[0]["reason"].startswith("it does not answer (ssh: connect to host sp1")
+    assert [k for k, _d in sent] == ["moved", "moved"] and "the spare sp1 was skipped" in sent[0][1]
+    state = w._load("old")
+    assert "sp1" not in (state["runs"]["r1"].get("tried") or [])  # skipped for that tick only, never counted tried
+
+
+def test_spares_that_all_fail_their_look_are_said_each_tick_and_notified_once_per_outage(world):
+    world.platform["state"] = "gone"
+    world.spares.update(sp1=None, sp2={"root": "/d", "writable": True, "free_gib": 0.01})
+    sent = []
+    w = world.watcher()
+    w.notifier = SimpleNamespace(queue=lambda host, kind, event_id, view, detail: sent.append(detail))
+    for _ in range(2):
+        assert w.tick({"old": {"state": "unreachable"}}, {"old": world.old}) == []
+    assert world.moves == [] and world.looked == ["sp1", "sp2", "sp1", "sp2"]
+    events = [json.loads(line) for line in world.events.read_text().splitlines()]
+    assert [e["spare"] for e in events if e["event"] == "spare_skipped"] == ["sp1", "sp2", "sp1", "sp2"]
+    assert len(sent) == 3 and "no spare is free" in sent[2]  # sp1, sp2 and the reminder, once

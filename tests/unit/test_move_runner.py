@@ -2,12 +2,14 @@
 entry that verifies against its manifest is the one a move resumes from; a tampered one is skipped and named; none
 that verifies is exit 2 naming RUN, and nothing is left in the stage."""
 
+import fcntl
 import hashlib
 import json
+import os
 
 import pytest
 
-from rgt import move
+from rgt import move, paths
 from rgt.errors import InputError
 
 
@@ -99,3 +101,44 @@ def test_a_moved_sweep_cell_is_the_new_hosts_cell_of_its_sweep_and_the_old_hosts
     assert memory.move_words({"from": "old", "generation": 2, "attempt": 2, "checkpoint": {"step": 30},
                               "work_lost_steps": 5}) == ("moved from old (generation 2, attempt 2, resumed from "
                                                          "step 30; work lost 5 steps)")
+
+
+def _run_dir(tmp_path, generation):
+    layout = paths.module_util("rgt_runlayout")
+    run = layout.RunPaths(str(tmp_path / "durable"), "rgt", "r1")
+    os.makedirs(run.meta)
+    os.makedirs(os.path.join(run.ckpt, "step_00090.ckpt"))  # the stale attempt's, newer than the move's
+    with open(os.path.join(run.run_dir, "offload.jsonl"), "w") as handle:
+        handle.write('{"name": "step_00090.ckpt"}\n')
+    with open(run.job, "w") as handle:
+        json.dump({"env": {"RGT_GENERATION": str(generation)}}, handle)
+    return layout, run
+
+
+def test_moving_back_sets_an_older_generations_checkpoints_and_offload_records_aside_once_never_deleting(tmp_path):
+    layout, run = _run_dir(tmp_path, 1)
+    got = layout.set_aside_stale(run, 3, now=0.0)
+    aside = os.path.join(run.run_dir, "superseded", "gen1-19700101T000000Z")
+    assert got == {"run_dir": run.run_dir, "generation": 1, "set_aside": aside, "moved": ["ckpt", "offload.jsonl"]}
+    assert os.path.isdir(os.path.join(aside, "ckpt", "step_00090.ckpt"))
+    assert os.path.isfile(os.path.join(aside, "offload.jsonl"))
+    assert not os.path.exists(run.ckpt) and not os.path.exists(os.path.join(run.run_dir, "offload.jsonl"))
+
+    os.makedirs(os.path.join(run.ckpt, "step_00040.ckpt"))  # the move's checkpoint, placed; then it is run again
+    again = layout.set_aside_stale(run, 3, now=5.0)  # job.json still says 1: the mark says it was done for 3
+    assert again["set_aside"] is None and os.listdir(run.ckpt) == ["step_00040.ckpt"]
+    assert os.listdir(os.path.join(run.run_dir, "superseded")) == ["gen1-19700101T000000Z"]
+
+
+def test_a_run_dir_of_the_moves_own_generation_or_no_attempt_is_left_as_it_is_and_a_live_one_refused(tmp_path):
+    layout, run = _run_dir(tmp_path, 3)
+    assert layout.set_aside_stale(run, 3)["set_aside"] is None and os.path.isdir(run.ckpt)
+    os.unlink(run.job)  # no attempt ran here (a first move to this box, run again): its ckpt/ is the move's
+    assert layout.set_aside_stale(run, 3) == {"run_dir": run.run_dir, "generation": None, "set_aside": None,
+                                              "moved": []}
+    layout2, live = _run_dir(tmp_path / "b", 1)
+    with open(live.lock, "w") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # the stale attempt's wrapper still holds its lock
+        with pytest.raises(ValueError, match="the attempt of generation 1 still runs"):
+            layout2.set_aside_stale(live, 3)
+    assert os.path.isdir(live.ckpt)
