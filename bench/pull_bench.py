@@ -22,7 +22,7 @@ interleaved round by round (ratios, never a timed assertion):
   every file; and the cost of each extra cell. `--play` also times the collect play for the smallest sweep
   (one play per cell index: the path before the round).
 Usage: python bench/pull_bench.py [--big-mb 300] [--small 2000] [--small-kb 4] [--rounds 3] [--repull]
-       [--count-reads] [--ssh] [--sweep 24,48,192 [--cell-kb 64] [--play]]
+       [--count-reads] [--ssh [--hosts N]] [--sweep 24,48,192 [--cell-kb 64] [--play]]
 """
 
 from __future__ import annotations
@@ -201,6 +201,7 @@ def box_runs(stub, run_ids: list[str], make_out: str) -> None:
 
 def ssh_rsync_sha(stub, src: str, dest: Path) -> None:
     rsh = " ".join(shlex.quote(a) for a in stub.ssh_argv()[:-1])
+    dest.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["rsync", "-a", "-e", rsh, f"{stub.ssh_argv()[-1]}:{src}/", f"{dest}/"], check=True)
     sha_all(dest)
 
@@ -236,31 +237,34 @@ def rgt_pull_inv(inv: Path, runs: Path, work: Path, *extra: str) -> tuple[float,
 
 
 def ssh_single(args, work: Path) -> dict:
-    """One run of --big-mb + --small files on a stub box: the pull round vs rsync over ssh + sha256sum."""
-    sh, tag, stubs, inv = stubs_up(work, 1)
+    """One run of --big-mb + --small files on each of --hosts stub boxes: the pull round (every host in parallel)
+    vs rsync over ssh + sha256sum per host (in parallel too)."""
+    sh, tag, stubs, inv = stubs_up(work, args.hosts)
     try:
-        stub = stubs[0]
         make = (f'head -c {args.big_mb * 1048576} /dev/urandom > "$r/out/model.bin"; mkdir -p "$r/out/small"; '
                 f'i=0; while [ $i -lt {args.small} ]; do head -c {args.small_kb * 1024} /dev/urandom '
                 f'> "$r/out/small/part-$i.bin"; i=$((i+1)); done')
         rows = {"rgt": [], "baseline": []}
-        for i in range(args.rounds):
-            run_id = f"bench-ssh-{i}"
-            box_runs(stub, [run_id], make)
-            write_inventory(inv, stubs, {"name": run_id, "outputs": []})
-            took, _report, doc = rgt_pull_inv(inv, work / f"runs{i}", work)
-            assert doc["hosts"][stub.name]["verified"], doc
-            rows["rgt"].append(took)
-            t0 = time.perf_counter()
-            ssh_rsync_sha(stub, f"{BOX_ROOT}/proj/active/{run_id}/out", work / f"b{i}")
-            rows["baseline"].append(time.perf_counter() - t0)
-            shutil.rmtree(work / f"runs{i}")
-            shutil.rmtree(work / f"b{i}")
-            stub.exec(f"rm -rf {BOX_ROOT}/proj/active/{run_id} {BOX_ROOT}/proj/export/{run_id}*")
+        with ThreadPoolExecutor(max_workers=min(16, len(stubs))) as pool:
+            for i in range(args.rounds):
+                run_id = f"bench-ssh-{i}"
+                list(pool.map(lambda stub, run_id=run_id: box_runs(stub, [run_id], make), stubs))
+                write_inventory(inv, stubs, {"name": run_id, "outputs": []})
+                took, _report, doc = rgt_pull_inv(inv, work / f"runs{i}", work)
+                assert all(doc["hosts"][stub.name]["verified"] for stub in stubs), doc
+                rows["rgt"].append(took)
+                t0 = time.perf_counter()
+                list(pool.map(lambda stub, run_id=run_id, i=i: ssh_rsync_sha(
+                    stub, f"{BOX_ROOT}/proj/active/{run_id}/out", work / f"b{i}" / stub.name), stubs))
+                rows["baseline"].append(time.perf_counter() - t0)
+                shutil.rmtree(work / f"runs{i}")
+                shutil.rmtree(work / f"b{i}")
+                list(pool.map(lambda stub, run_id=run_id: stub.exec(
+                    f"rm -rf {BOX_ROOT}/proj/active/{run_id} {BOX_ROOT}/proj/export/{run_id}*"), stubs))
         med = {k: statistics.median(v) for k, v in rows.items()}
-        return {"case": f"over ssh: {args.big_mb} MB + {args.small} x {args.small_kb} KB", "rounds": args.rounds,
-                "rgt_s": round(med["rgt"], 2), "baseline_s": round(med["baseline"], 2),
-                "ratio": round(med["rgt"] / med["baseline"], 2)}
+        return {"case": f"over ssh: {args.big_mb} MB + {args.small} x {args.small_kb} KB, {args.hosts} host(s)",
+                "rounds": args.rounds, "rgt_s": round(med["rgt"], 2), "baseline_s": round(med["baseline"], 2),
+                "ratio": round(med["rgt"] / med["baseline"], 2), "every_host_verified": True}
     finally:
         sh.down(tag=tag)
 
@@ -357,6 +361,7 @@ def main() -> int:
     ap.add_argument("--repull", action="store_true", help="also time a second pull over the verified copy")
     ap.add_argument("--count-reads", action="store_true", help="count bytes read per side (strace, one pull)")
     ap.add_argument("--ssh", action="store_true", help="the run on a stub box, pulled by the pull round")
+    ap.add_argument("--hosts", type=int, default=1, help="with --ssh: that many stub boxes, one run each")
     ap.add_argument("--sweep", metavar="N,N,...", help="finished sweeps of N cells on 2 stub boxes")
     ap.add_argument("--cell-kb", type=int, default=64, help="a sweep cell's outputs, KB")
     ap.add_argument("--play", action="store_true", help="with --sweep: also time the collect play, smallest sweep")
