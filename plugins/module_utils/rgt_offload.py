@@ -15,13 +15,14 @@ One home for the offload's rules, box side and controller side:
 - the box's pusher for an rclone remote (`Offloader`, run by the job wrapper in a thread of its own).
 
 Target layout: <base>/checkpoints/<entry name>/ holds the entry under its own name and MANIFEST.sha256 (sha256sum
-format, paths relative to that directory). A copy counts (ok and verified) only when `rclone hashsum sha256
---download` of the target directory, which reads the target's bytes back, matches every line of the manifest and
-nothing else is there. Credentials never reach an argv: rclone runs inside bash after the box's
-0600 secrets file is sourced (the remote is configured by RCLONE_CONFIG_<REMOTE>_* variables, or by the box's own
-rclone.conf); argv holds the remote's name and paths only. <base> is `run_base`: <to>/<project>/<run_id> for a run
-never moved, <to>/<project>/<run_id>/gen<N> for generation N >= 2 (`rgt-run move`), so the attempt of an older
-generation left on a box that comes back never writes, overwrites or prunes where the run's current one does.
+format, paths relative to that directory). A copy counts (ok and verified) only when the target directory holds
+exactly the manifest's files and their bytes: by the MD5 the target computes itself for every object, equal to the
+box's (`Offloader.verify`), else by `rclone hashsum sha256 --download`, which reads the bytes back. Credentials
+never reach an argv: rclone runs inside bash after the box's 0600 secrets file is sourced (the remote is configured
+by RCLONE_CONFIG_<REMOTE>_* variables, or by the box's own rclone.conf); argv holds the remote's name and paths
+only. <base> is `run_base`: <to>/<project>/<run_id> for a run never moved, <to>/<project>/<run_id>/gen<N> for
+generation N >= 2 (`rgt-run move`), so the attempt of an older generation left on a box that comes back never
+writes, overwrites or prunes where the run's current one does.
 
 Python 3.6+, stdlib only (bundled into the wrapper by module_utils/rgt_bundle).
 """
@@ -203,16 +204,31 @@ def manifest_lines(path):
 
 def entry_digests(path):
     """[(sha256, md5, rel)] of an entry's files, both hashes from one read of each file: the SHA-256 for the
-    manifest, the MD5 to compare with the one the target computes (`Offloader.verify`)."""
+    manifest, the MD5 to compare with the one the target computes (`Offloader.verify`); the MD5 is None where the
+    box's Python has none (a FIPS build): the copy is then read back."""
     out = []
     for rel, full in entry_files(path) or []:
-        sha, md5 = hashlib.sha256(), hashlib.md5()
+        sha, md5 = hashlib.sha256(), _md5()
         with open(full, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 sha.update(block)
-                md5.update(block)
-        out.append((sha.hexdigest(), md5.hexdigest(), rel))
+                if md5 is not None:
+                    md5.update(block)
+        out.append((sha.hexdigest(), md5.hexdigest() if md5 is not None else None, rel))
     return out
+
+
+def _md5(data=b""):
+    """An MD5 hasher (a checksum here, never security), or None where the box's Python refuses one (FIPS)."""
+    try:
+        return hashlib.md5(data, usedforsecurity=False)  # Python 3.9+
+    except TypeError:
+        try:
+            return hashlib.md5(data)
+        except ValueError:
+            return None
+    except ValueError:
+        return None
 
 
 def manifest_text(lines):
@@ -753,8 +769,9 @@ class Offloader(object):
         expected = dict((rel, sha) for sha, rel in lines)
         expected[MANIFEST] = hashlib.sha256(text.encode("utf-8")).hexdigest()
         md5s = dict((rel, md5) for _sha, md5, rel in digests)
-        md5s[MANIFEST] = hashlib.md5(text.encode("utf-8")).hexdigest()
-        problem, how = self.verify(dest, expected, md5s)
+        manifest_md5 = _md5(text.encode("utf-8"))
+        md5s[MANIFEST] = manifest_md5.hexdigest() if manifest_md5 is not None else None
+        problem, how = self.verify(dest, expected, None if None in md5s.values() else md5s)
         if how is None:
             return self.record(dict(base, reason=problem))
         if problem is None and signature(path) != sig:

