@@ -10,13 +10,13 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import json
 import os
 import time
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_probe_eval, rgt_runlayout
+from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_probe_eval
+from ansible_collections.rgt.remote_gpu.plugins.plugin_utils.rgt_action import read_record, write_record
 
 ARGUMENT_SPEC = dict(
     probe=dict(type="dict", required=True),
@@ -26,14 +26,6 @@ ARGUMENT_SPEC = dict(
     pin=dict(type="str", default=""),
     max_age_s=dict(type="int", default=0),
 )
-
-
-def _read(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
 
 
 class ActionModule(ActionBase):
@@ -46,7 +38,7 @@ class ActionModule(ActionBase):
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         host = str(task_vars.get("inventory_hostname"))
         record_file = os.path.join(args["report_dir"], host + ".json") if args["report_dir"] else ""
-        previous = _read(record_file) if record_file else None
+        previous = read_record(record_file) if record_file else None
         inputs = rgt_probe_eval.probe_inputs_digest(args["probe"])
         now = time.time()
         reusable, why = rgt_probe_eval.reuse(previous, args["instance_id"], args["pin"], inputs, now,
@@ -71,10 +63,7 @@ class ActionModule(ActionBase):
                       changed=bool(probed.get("changed")))
         if record_file:
             # the controller's record, not state of the box: written in --check too, never a "change"
-            try:
-                if not os.path.isdir(args["report_dir"]):
-                    os.makedirs(args["report_dir"], 0o755)
-                rgt_runlayout.atomic_write(record_file, json.dumps(report, indent=4, sort_keys=True) + "\n")
-            except (IOError, OSError) as exc:
-                result.update(failed=True, msg="the probe record %s could not be written: %s" % (record_file, exc))
+            problem = write_record(record_file, report)
+            if problem:
+                result.update(failed=True, msg="the probe record %s could not be written: %s" % (record_file, problem))
         return result

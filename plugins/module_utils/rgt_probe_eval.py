@@ -434,27 +434,29 @@ def probe_inputs_digest(args):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def reuse(previous, instance_id, pin, inputs_digest, now, max_age_s):
-    """(reusable, why) for the ledger's record of a probe: only a record of the same instance (rgt_instance_id),
-    behind the same host key pin, asked the same question, that did not fail, taken less than max_age_s ago (and
-    not in the future). Anything else, a record that cannot be read included, is probed again."""
+def reuse(previous, instance_id, pin, inputs_digest, now, max_age_s, key="probed", what="probe",
+          asked="paths, GPUs, interpreter or profile"):
+    """(reusable, why) for the ledger's record of a probe (or of another look at the box that keeps its record the
+    same way: env_check's, `key` "checked"): only a record of the same instance (rgt_instance_id), behind the same
+    host key pin, asked the same question, that did not fail, taken less than max_age_s ago (and not in the
+    future). Anything else, a record that cannot be read included, is looked at again."""
     if max_age_s <= 0:
         return False, "reuse off"
     if not isinstance(previous, dict):
-        return False, "no earlier probe of this box in the ledger"
-    reuse_doc = previous.get("probed") if isinstance(previous.get("probed"), dict) else {}
+        return False, "no earlier %s of this box in the ledger" % what
+    reuse_doc = previous.get(key) if isinstance(previous.get(key), dict) else {}
     taken = reuse_doc.get("at")
     if not isinstance(taken, (int, float)) or isinstance(taken, bool):
-        return False, "the earlier probe's record has no time"
+        return False, "the earlier %s's record has no time" % what
     if previous.get("instance_id") != instance_id:
-        return False, "the earlier probe was of another instance"
+        return False, "the earlier %s was of another instance" % what
     if not pin or reuse_doc.get("pin") != pin:
-        return False, "the host key pin is not the one the earlier probe met"
+        return False, "the host key pin is not the one the earlier %s met" % what
     if reuse_doc.get("inputs") != inputs_digest:
-        return False, "the earlier probe was asked other things (paths, GPUs, interpreter or profile)"
+        return False, "the earlier %s was asked other things (%s)" % (what, asked)
     if previous.get("verdict") not in ("ok", "warn"):
-        return False, "the earlier probe found a blocking problem"
+        return False, "the earlier %s found a blocking problem" % what
     age = now - taken
     if age < 0 or age > max_age_s:
-        return False, "the earlier probe is %d s old (reused up to %d s)" % (age, max_age_s)
+        return False, "the earlier %s is %d s old (reused up to %d s)" % (what, age, max_age_s)
     return True, "reused, taken %d s ago" % age

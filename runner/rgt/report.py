@@ -128,6 +128,10 @@ def summarize(console: Console, result: PhaseResult, hosts: list[Host], ledger: 
             entry["env_check"] = {"verdict": env.get("verdict"), "findings": env_findings,
                                   "interpreter": (env.get("interpreter") or {}).get("path"),
                                   "torch": env.get("torch"), "driver_cuda": env.get("driver_cuda")}
+            checked = env.get("checked") if isinstance(env.get("checked"), dict) else {}
+            if checked.get("reused"):  # the ledger's record of a check a moment ago (roles/env_check)
+                entry["env_check"].update(reused=True, age_s=checked.get("age_s"))
+                console.print(f"  env_check: reused, checked {checked.get('age_s')} s ago")
             _print_findings(console, env_findings)
         for key, rep in sorted((out.results if out else {}).items()):
             if key in ("probe_report", "env_check_report"):

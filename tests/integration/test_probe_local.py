@@ -55,3 +55,37 @@ def test_train_reuses_a_recent_probe_of_the_same_box_and_says_so(rgt, tmp_path):
     record.write_text(json.dumps(doc))
     stale = train()
     assert "reused" not in stale.doc["hosts"]["box"]["probe"] and "probe: reused" not in stale.stderr
+
+
+def test_train_reuses_a_recent_env_check_of_the_same_box_and_says_so(rgt, tmp_path):
+    inv = write_inventory(tmp_path / "inv", {"box": {**LOCAL, "rgt_durable_root": str(tmp_path / "durable")}})
+    job = {"rgt_job": {"name": "cpu-job", "python": "/usr/bin/python3"}}
+    record = rgt.ledger / "env_check" / "box.json"
+
+    def train(*extra, job=job):
+        result = rgt("train", "-i", inv, "-e", json.dumps(job), "--tags", "probe,env_check", "--json", *extra)
+        assert result.rc == 0, result.stderr[-3000:]
+        return result.doc["hosts"]["box"]["env_check"], result.stderr
+
+    # a standalone env_check always looks, and leaves its record in the ledger
+    assert rgt("playbooks/env_check.yml", "-i", inv, "-e", json.dumps(job), "--json").rc == 0
+    taken = json.loads(record.read_text())["checked"]["at"]
+    env, said = train()
+    assert env["reused"] is True and env["interpreter"] == "/usr/bin/python3" and "env_check: reused, checked" in said
+    assert json.loads(record.read_text())["checked"]["at"] == taken  # read, not checked again
+    # asked to check again, it does; another interpreter is another question; an old record is checked again
+    env, said = train("-e", "rgt_env_check_again=true")
+    assert "reused" not in env and "env_check: reused" not in said
+    env, _said = train(job={"rgt_job": {**job["rgt_job"], "python": sys.executable}})
+    assert "reused" not in env and env["interpreter"] == sys.executable
+    doc = json.loads(record.read_text())
+    doc["checked"]["at"] -= 301
+    record.write_text(json.dumps(doc))
+    env, _said = train(job={"rgt_job": {**job["rgt_job"], "python": sys.executable}})
+    assert "reused" not in env
+    # a check that stopped the play is never reused as a pass
+    doc = json.loads(record.read_text())
+    doc["result"]["stop"], doc["result"]["stop_msg"] = True, "env_check verdict is fail: (recorded)"
+    record.write_text(json.dumps(doc))
+    env, _said = train(job={"rgt_job": {**job["rgt_job"], "python": sys.executable}})
+    assert "reused" not in env
