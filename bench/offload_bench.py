@@ -62,6 +62,7 @@ def secrets_file(where: Path, env: dict) -> str:
 
 def rate_ratio(tmp: Path, s3: S3Server, sf: str, mib: int, rounds: int) -> tuple[float, float]:
     rclone = off.Rclone(rclone_binary(), sf)
+    boxs = off.Rclone(rclone_binary(), sf, nice=off.NICE)  # the box's pusher's (Offloader.ensure_rclone)
     bare, ours = [], []
     for i in range(rounds):
         run_dir = tmp / "root" / "p" / "active" / f"r{i}"
@@ -74,7 +75,7 @@ def rate_ratio(tmp: Path, s3: S3Server, sf: str, mib: int, rounds: int) -> tuple
         bare.append(time.monotonic() - t0)
         assert rc == 0, err
         spec = {"command": "x", "secrets_file": sf, "offload": {"to": "s3t:rgt/off", "every": 5}}
-        pusher = off.Offloader(str(run_dir), "p", f"r{i}", spec, settle_s=0, rclone=rclone)
+        pusher = off.Offloader(str(run_dir), "p", f"r{i}", spec, settle_s=0, rclone=boxs)
         _path, sig, _why = off.pick_entry(str(run_dir / "ckpt"), "*", settle_s=0)
         t0 = time.monotonic()
         record = pusher.copy_entry("checkpoint", str(entry), sig, f"s3t:rgt/off/p/r{i}/checkpoints/step_1")
@@ -94,7 +95,7 @@ def step_rate(tmp: Path, s3: S3Server, sf: str, with_offload: bool, args, pair: 
                 f"spec = {{'command': 'x', 'secrets_file': {sf!r}, 'ckpt_glob': 'step_*', "
                 f"'offload': {{'to': 's3t:rgt/job', 'every': {args.every}, 'keep': 2}}}}\n"
                 f"p = off.Offloader({str(run_dir)!r}, 'p', 'job{pair}', spec, "
-                f"rclone=off.Rclone({rclone_binary()!r}, {sf!r}))\n"
+                f"rclone=off.Rclone({rclone_binary()!r}, {sf!r}, nice=off.NICE))\n"
                 "p.loop(threading.Event())\n")
         pusher_proc = subprocess.Popen([sys.executable, "-c", code])
     out = subprocess.run([sys.executable, "-c", JOB, str(run_dir / "ckpt"), str(args.ckpt_mib << 20),

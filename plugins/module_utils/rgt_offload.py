@@ -616,19 +616,21 @@ def lower_thread_priority(nice=NICE):
 
 
 class Rclone(object):
-    """rclone run inside bash with the secrets file sourced: the values reach rclone's environment, never argv."""
+    """rclone run inside bash with the secrets file sourced: the values reach rclone's environment, never argv.
+    With `nice` (the box's pusher: NICE), rclone runs that much below the caller's CPU priority."""
 
-    def __init__(self, binary, secrets_file=None, bwlimit=None, timeout=RCLONE_TIMEOUT_S):
+    def __init__(self, binary, secrets_file=None, bwlimit=None, timeout=RCLONE_TIMEOUT_S, nice=0):
         self.binary = binary
         self.secrets_file = secrets_file
         self.bwlimit = bwlimit
         self.timeout = timeout
+        self.nice = nice
 
     def run(self, *args):
         """(rc, stdout, stderr's last line) of one rclone command."""
         prelude = 'set -a; . "$RGT_OFFLOAD_SECRETS" || exit 98; set +a; ' if self.secrets_file else ""
-        # below the job's CPU priority (renice where the box has it: util-linux), before rclone starts
-        prelude = "renice -n %d -p $$ >/dev/null 2>&1; %s" % (NICE, prelude)
+        if self.nice:  # renice where the box has it (util-linux), before rclone starts; else as it is
+            prelude = "renice -n %d -p $$ >/dev/null 2>&1; %s" % (int(self.nice), prelude)
         argv = ["bash", "-c", prelude + 'exec "$@"', "rclone", self.binary] + list(args) + RCLONE_FLAGS
         if self.bwlimit:
             argv += ["--bwlimit", str(self.bwlimit)]
@@ -686,7 +688,7 @@ class Offloader(object):
             binary, why = find_rclone((self.job.get("offload") or {}).get("rclone"))
             if not binary:
                 return why
-            self.rclone = Rclone(binary, self.job.get("secrets_file"), self.conf.get("bwlimit"))
+            self.rclone = Rclone(binary, self.job.get("secrets_file"), self.conf.get("bwlimit"), nice=NICE)
         return None
 
     def due(self):

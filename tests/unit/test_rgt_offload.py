@@ -319,3 +319,14 @@ def test_the_launch_uses_the_boxs_rclone_ships_the_controllers_or_refuses_anothe
     binary.write_bytes(b"rclone binarY")
     assert "has SHA-256" in off.shipped_problem(dict(plan, path=str(binary)))
     assert off.shipped_problem(dict(plan, path=str(tmp_path / "gone"))).endswith("is not there")
+
+
+def test_the_boxs_pusher_runs_rclone_below_the_callers_cpu_priority_and_the_controllers_does_not():
+    """Rclone(nice=NICE) is what the box's pusher builds (Offloader.ensure_rclone); the controller's (move,
+    pull --from-offload) runs at its caller's priority. A shell stands in for rclone to read its own niceness."""
+    look = ("-c", "cut -d' ' -f19 /proc/$$/stat")  # the nice field of the shell itself
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    rc, out, _err = off.Rclone("/bin/sh", nice=off.NICE).run(*look)
+    assert rc == 0 and int(out) == min(19, base + off.NICE)
+    rc, out, _err = off.Rclone("/bin/sh").run(*look)
+    assert rc == 0 and int(out) == base
