@@ -11,13 +11,12 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-import os
 import time
 
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_probe_eval
-from ansible_collections.rgt.remote_gpu.plugins.plugin_utils.rgt_action import read_record, write_record
+from ansible_collections.rgt.remote_gpu.plugins.plugin_utils.rgt_action import earlier_record, write_record
 
 ARGUMENT_SPEC = dict(
     check=dict(type="dict", required=True),
@@ -37,9 +36,7 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        host = str(task_vars.get("inventory_hostname"))
-        record_file = os.path.join(args["report_dir"], host + ".json") if args["report_dir"] else ""
-        previous = read_record(record_file) if record_file else None
+        host, record_file, previous = earlier_record(args["report_dir"], task_vars)
         inputs = rgt_probe_eval.probe_inputs_digest(args["check"])
         now = time.time()
         if isinstance(previous, dict) and (previous.get("result") or {}).get("stop"):

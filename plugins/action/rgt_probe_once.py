@@ -16,7 +16,7 @@ import time
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.rgt.remote_gpu.plugins.module_utils import rgt_probe_eval
-from ansible_collections.rgt.remote_gpu.plugins.plugin_utils.rgt_action import read_record, write_record
+from ansible_collections.rgt.remote_gpu.plugins.plugin_utils.rgt_action import earlier_record, write_record
 
 ARGUMENT_SPEC = dict(
     probe=dict(type="dict", required=True),
@@ -36,9 +36,7 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super(ActionModule, self).run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        host = str(task_vars.get("inventory_hostname"))
-        record_file = os.path.join(args["report_dir"], host + ".json") if args["report_dir"] else ""
-        previous = read_record(record_file) if record_file else None
+        host, record_file, previous = earlier_record(args["report_dir"], task_vars)
         inputs = rgt_probe_eval.probe_inputs_digest(args["probe"])
         now = time.time()
         reusable, why = rgt_probe_eval.reuse(previous, args["instance_id"], args["pin"], inputs, now,

@@ -32,13 +32,12 @@ class ControllerAction(ActionBase):
         return result, args
 
 
-def read_record(path):
-    """The ledger's JSON record of an earlier look at a box (rgt_probe_once, rgt_env_check_once), or None."""
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
+def earlier_record(report_dir, task_vars):
+    """(host, its record file or "", the ledger's record of the host's earlier look or None): the start of
+    rgt_probe_once and rgt_env_check_once, whose records are <report_dir>/<inventory_hostname>.json."""
+    host = str(task_vars.get("inventory_hostname"))
+    record_file = os.path.join(report_dir, host + ".json") if report_dir else ""
+    return host, record_file, rgt_runlayout.read_json(record_file) if record_file else None
 
 
 def write_record(path, doc):

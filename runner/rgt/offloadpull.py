@@ -52,8 +52,8 @@ def targets(hosts: list, runs_of) -> list[tuple]:
                                  "rclone remote (rgt_job.offload.to)",
                                  fix="give -e @job.yml of a job with offload.to: <remote>:<path>, or pull from the "
                                      "box (rgt-run pull)", field="rgt_job.offload.to")
-            # a moved run's export is where its generation's attempt put it (rgt_offload.run_base)
-            gen = run.get("generation") or paths.module_util("rgt_runlayout").generation_of(job)
+            # a moved run's export is where its generation's attempt put it (rgt_offload.run_base; the job's env)
+            gen = paths.module_util("rgt_runlayout").generation_of(job)
             out.append((host, run_id, job, off.run_base(conf["to"], host.project, run_id, gen) + "/export"))
     return out
 
