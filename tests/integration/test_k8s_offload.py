@@ -127,7 +127,7 @@ def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_ta
             assert job_json["offload"]["rclone"] == f"/checkpoints/{k8s_engine.RCLONE_DIR}/{shipped.name}"
             assert job_json["secrets_file"] is None
 
-            # sealed in the pod, the export on the target read back; the keep: 2 prune
+            # sealed in the pod, the export on the target verified by its MD5s; the keep: 2 prune
             verified = json.loads((run_dir / "OFFLOAD_VERIFIED.json").read_text())
             sealed = claim_dir / "proj" / "export" / "koff.1.manifest.json"
             assert verified["manifest_sha256"] == hashlib.sha256(sealed.read_bytes()).hexdigest()
@@ -140,7 +140,7 @@ def test_a_kubernetes_run_offloads_from_the_pod_seals_at_its_end_and_the_gate_ta
                 assert hashlib.sha256(got).hexdigest() == entry["sha256"], entry["path"]
             assert len(list((target / "checkpoints").iterdir())) == 2
             ended = [r for r in records(run_dir) if r.get("kind") == "export"]
-            assert [r["ok"] for r in ended] == [True] and ended[0]["verify"] == "sha256 read back"
+            assert [r["ok"] for r in ended] == [True] and ended[0]["verify"] == "md5 by the target"
             wait_for(lambda: rgt("status", "-i", inv, "--json", env=base, timeout=120).doc["hosts"]["cluster"][
                 "state"] == "finished", 60, "the Job Complete")
 

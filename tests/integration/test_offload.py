@@ -122,13 +122,14 @@ def test_checkpoints_are_offloaded_verified_while_the_job_runs_and_a_refusing_ta
             assert not any(secret in text for text in texts)
 
         # the short run ended: its last checkpoint offloaded after the end (every: 600, so no round fell before),
-        # the box sealed its export and offloaded it, read back: OFFLOAD_VERIFIED.json, the status line says so
+        # the box sealed its export and offloaded it, verified by the MD5s rclone serve s3 computes:
+        # OFFLOAD_VERIFIED.json, the status line says so
         proof = wait_for(lambda: box(rp, f"cat {RUNS}/offl-end/OFFLOAD_VERIFIED.json 2>/dev/null || true").strip(),
                          timeout=60, what="OFFLOAD_VERIFIED.json", interval=1.0)
         proof = json.loads(proof)
         sealed_raw = box(rp, f"cat {RUNS.rsplit('/', 1)[0]}/export/offl-end.manifest.json")
         assert proof["manifest_sha256"] == hashlib.sha256(sealed_raw.encode()).hexdigest()
-        assert proof["target"] == "s3t:rgt/off/rgt/offl-end/export" and proof["verify"] == "sha256 read back"
+        assert proof["target"] == "s3t:rgt/off/rgt/offl-end/export" and proof["verify"] == "md5 by the target"
         on_target = s3.bucket_dir() / "off" / "rgt" / "offl-end" / "export"
         assert (on_target / "offl-end.manifest.json").read_text() == sealed_raw
         sealed = json.loads(sealed_raw)

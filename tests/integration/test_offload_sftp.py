@@ -1,6 +1,6 @@
 """Offload to sftp on a second stub box (docs/offload.md, issue 19): a short run on rp offloads its last checkpoint
 and its sealed export over sftp to adl (its sshd, the fleet's key delivered as a secret by env-var name), each copy
-verified by the MD5 adl's own `md5sum` computes (rclone's sftp backend runs it there) and the export read back; the
+verified by the MD5 adl's own `md5sum` computes (rclone's sftp backend runs it there), the export too; the
 bytes on adl are the box's; the key is in no argv, log, ledger or --json."""
 
 import hashlib
@@ -39,7 +39,7 @@ def test_a_run_offloads_over_sftp_to_a_second_box_verified_by_that_boxs_md5(rgt,
     proof = wait_for(lambda: box(rp, f"cat {RUNS}/offs/OFFLOAD_VERIFIED.json 2>/dev/null || true").strip(),
                      timeout=90, what="OFFLOAD_VERIFIED.json", interval=1.0)
     proof = json.loads(proof)
-    assert proof["target"] == f"sft:{TARGET}/rgt/offs/export" and proof["verify"] == "sha256 read back"
+    assert proof["target"] == f"sft:{TARGET}/rgt/offs/export" and proof["verify"] == "md5 by the target"
     records = [json.loads(line) for line in box(rp, f"cat {RUNS}/offs/offload.jsonl").splitlines() if line.strip()]
     ckpt = [r for r in records if r.get("kind") == "checkpoint"]
     assert ckpt and ckpt[-1]["step"] == 30 and ckpt[-1]["verified"], records

