@@ -231,6 +231,9 @@ class Watcher:
                 code = self._move(run_id, spare)
                 entry = {"t": time.time(), "event": "moved" if code == errors.OK else "move_failed", "host": name,
                          "run_id": run_id, "to": spare, "reason": why, "exit_code": code, "automatic": True}
+                arrived = memory.arrival(self.ledger, spare, run.get("project") or host.project, run_id) or {}
+                if code == errors.OK and arrived.get("superseded"):  # a move back: what it set aside there
+                    entry["superseded"] = arrived["superseded"]
                 append_jsonl(self.events, entry)
                 if code == errors.OK:
                     mine["state"] = "moved"

@@ -87,10 +87,11 @@ def world(tmp_path, monkeypatch):
         code = world_codes.pop(0) if world_codes else errors.OK
         if code == errors.OK:
             memory.record_launch(ledger, args.to, f"i-{args.to}", "rgt", JOB, {"action": "launch", "attempt": 2})
-            memory.record_move(ledger, "old", args.to, "rgt", "r1", 2, {"at": "now"})
+            memory.record_move(ledger, "old", args.to, "rgt", "r1", 2, {"at": "now", **supersede})
         return code
 
     world_codes: list[int] = []
+    supersede = {}  # the move's record's `superseded` (a move back to a box an older generation ran on)
     spares = {}  # spare: its look (rgt_runlayout.spare_check), None for one that does not answer; default healthy
     looked = []
 
@@ -111,7 +112,7 @@ def world(tmp_path, monkeypatch):
 
     return SimpleNamespace(ledger=ledger, old=old, moves=moves, platform=platform, codes=world_codes,
                            watcher=watcher, inventory=inventory, spares=spares, looked=looked, events=tmp_path /
-                           "events.jsonl")
+                           "events.jsonl", supersede=supersede)
 
 
 def test_an_unreachable_box_is_counted_across_watcher_restarts_and_its_run_moves_once(world, monkeypatch):
@@ -205,3 +206,22 @@ def test_spares_that_all_fail_their_look_are_said_each_tick_and_notified_once_pe
     events = [json.loads(line) for line in world.events.read_text().splitlines()]
     assert [e["spare"] for e in events if e["event"] == "spare_skipped"] == ["sp1", "sp2", "sp1", "sp2"]
     assert len(sent) == 3 and "no spare is free" in sent[2]  # sp1, sp2 and the reminder, once
+
+
+def test_an_automatic_move_back_says_in_its_event_what_it_set_aside_there(world):
+    """The `moved` event carries the move's record's `superseded` (docs/move.md "Moved by watch"); a plain move's
+    event has none."""
+    world.platform["state"] = "gone"
+    aside = {"generation": 1, "set_aside": "/d/rgt/active/r1/superseded/gen1-20261203T000000Z",
+             "moved": ["ckpt", "offload.jsonl"]}
+    world.supersede["superseded"] = aside
+    assert world.watcher().tick({"old": {"state": "unreachable"}}, {"old": world.old})[0]["to"] == "sp1"
+    events = [json.loads(line) for line in world.events.read_text().splitlines()]
+    assert [(e["event"], e["to"], e.get("superseded")) for e in events] == [("moved", "sp1", aside)]
+
+
+def test_a_plain_automatic_move_event_names_nothing_set_aside(world):
+    world.platform["state"] = "gone"
+    assert world.watcher().tick({"old": {"state": "unreachable"}}, {"old": world.old})[0]["to"] == "sp1"
+    events = [json.loads(line) for line in world.events.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["moved"] and "superseded" not in events[0]
