@@ -448,15 +448,23 @@ def fence(inventory: str, console: Console, hosts: list, extravars: dict, ledger
     return done
 
 
+def all_moved_away(ledger: Path, host) -> list[dict]:
+    """The runs `rgt-run move` took from a host given no job (no run remembered there is left: every one moved
+    away), else [] (a host with a job, or a record that cannot be read: the command that reads it names it)."""
+    if isinstance((getattr(host, "vars", None) or {}).get("rgt_job"), dict):
+        return []
+    try:
+        return memory.moved_away(ledger, host.name)
+    except InputError:
+        return []
+
+
 def left_behind(console: Console, ledger: Path, hosts: list) -> list:
     """`rgt-run status`: a host given no job whose runs the ledger knows were all moved away is not looked at (it
     holds no run of yours any more): one line per run says where it went. The other hosts, in order."""
     kept = []
     for host in hosts:
-        try:
-            moved = memory.moved_away(ledger, host.name) if not isinstance(host.vars.get("rgt_job"), dict) else []
-        except InputError:
-            moved = []
+        moved = all_moved_away(ledger, host)
         if not moved:
             kept.append(host)
             continue

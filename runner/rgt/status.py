@@ -385,6 +385,8 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     watching = service.start_watch(args, ledger, console, hosts)  # the ledger's watch lock (--follow: none), its log
     idle = automove.idle_spares(hosts)  # spares with no run: looked at once a run moves there (rgt.automove)
     hosts = [h for h in hosts if h.name not in idle]
+    # hosts given no job whose runs all moved away (rgt.move): looked at only to fence them, never a run's state
+    left = {h.name for h in hosts if move.all_moved_away(ledger, h)}
     by_name = {h.name: h for h in hosts}
     events = ledger / "events" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-watch-{uuid.uuid4().hex[:6]}.jsonl"
     schedule = Schedule(list(by_name), interval, _monotonic())
@@ -423,6 +425,18 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
                 latest.pop(name, None)  # every run it held moved away: its silence is no run's state
                 schedule.update(name, False, mono)  # looked at again (backed off) for the fence, if it comes back
                 console.print(f"{name}: unreachable; its runs moved away", highlight=False, markup=False)
+                continue
+            if name in left:  # its runs all moved away before this watch: once it answers and is fenced, done
+                latest.pop(name, None)
+                fenced = doc.get("state") != "unreachable" and all(
+                    r.get("fenced_at") for r in memory.moved_away(ledger, name))
+                if fenced:
+                    schedule.done.add(name)
+                else:
+                    schedule.update(name, False, mono)  # looked at again (backed off) for the fence
+                console.print(f"{name}: " + ("its runs moved away and are fenced here; not looked at again" if fenced
+                              else f"{doc.get('state')}; its runs moved away, not fenced yet"),
+                              highlight=False, markup=False)
                 continue
             latest[name] = doc
             delay = schedule.update(name, doc.get("state") != "unreachable", mono)

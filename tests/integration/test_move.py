@@ -99,6 +99,9 @@ def test_a_run_moves_to_another_box_resumes_from_its_verified_offload_and_the_st
         watched = rgt("watch", "-i", inv, "--max-ticks", "1", "--interval", "1", "--json", timeout=300)
         assert "rp: mv moved to adl (generation 2): its stale attempt here was stopped" in watched.stderr, \
             watched.stderr
+        # rp holds no run any more: looked at for the fence only, no row of the watch, no part of its exit code
+        assert "rp: its runs moved away and are fenced here; not looked at again" in watched.stderr, watched.stderr
+        assert "rp" not in json.loads(watched.stdout)["hosts"] and watched.rc == 0, watched.stdout
         assert wrappers(rp, "mv") == 0
         assert json.loads(box(rp, f"cat {RUNS}/mv/.rgt/exit.json"))["reason"] == "preempted"
         assert json.loads(box(rp, f"cat {RUNS}/mv/.rgt/moved.json"))["moved_to"] == "adl"
